@@ -1,0 +1,39 @@
+"""Groups: small, canonical, hashable objects with a round-trippable text form.
+
+>>> from symspec.groups import parse
+>>> g = parse("OC(4)")
+>>> e = g.sample(0)
+>>> g.contains(e)
+True
+>>> str(parse("RoPE(8, rot=4)"))
+'RoPE(8, rot=4)'
+"""
+
+from .base import ALIASES, REGISTRY, VARIANCES, Element, Group, Path, Variance, make_generator, parse, registry_summary
+from .classic import GL, OC, SP, D, Dpos, O, RoPE, S, centred_basis
+from .heads import Heads
+from .semiperm import SemiPermutation
+
+__all__ = [
+    "ALIASES",
+    "GL",
+    "OC",
+    "REGISTRY",
+    "SP",
+    "VARIANCES",
+    "D",
+    "Dpos",
+    "Element",
+    "Group",
+    "Heads",
+    "O",
+    "Path",
+    "RoPE",
+    "S",
+    "SemiPermutation",
+    "Variance",
+    "centred_basis",
+    "make_generator",
+    "parse",
+    "registry_summary",
+]

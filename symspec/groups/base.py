@@ -1,0 +1,340 @@
+"""The group protocol, the registry of group kinds and the text form.
+
+A group is a small frozen (hashable) object: ``S(64)``, ``OC(768)``,
+``Heads(12, qk=GL(64), ov=GL(64))``. Its text form round-trips: ``parse(str(g)) == g``.
+
+An *element* of a group is a plain ``dict[str, Tensor]`` (a permutation's ``perm``, a
+matrix group's ``matrix``, ...). Elements may carry leading batch dimensions, which is
+how a head-structured group holds one within-head element per head. Plain tensors make
+elements trivial to move between devices and to save in safetensors.
+
+A group acts on vector spaces through representations named by a *path*: ``()`` is the
+natural one; a head group has one per part (``("qk",)``) and, with grouped-query
+attention, a key/value view (``("qk", "kv")``). Along an axis, a representation acts
+with a *variance*:
+
+- ``co``: rho(g), the way an output axis of a linear map transforms;
+- ``contra``: rho(g)^-T, the way an input axis (or the dual side of a pairing) does;
+- ``abs``: |rho(g)| entrywise, the way a norm gain transforms under a signed permutation.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Literal
+
+import attrs
+import torch
+
+from ..errors import GroupError, suggest
+
+Element = dict[str, torch.Tensor]
+Variance = Literal["co", "contra", "abs"]
+Path = tuple[str, ...]
+VARIANCES: tuple[str, ...] = ("co", "contra", "abs")
+
+#: group kind name -> class; every concrete group registers itself here.
+REGISTRY: dict[str, type[Group]] = {}
+
+#: common misspellings, used only to suggest the canonical name in error messages.
+ALIASES: dict[str, str] = {
+    "Orth": "O",
+    "Orthogonal": "O",
+    "orthogonal": "O",
+    "Perm": "S",
+    "perm": "S",
+    "Permutation": "S",
+    "permutation": "S",
+    "Sym": "S",
+    "GLn": "GL",
+    "Invertible": "GL",
+    "Diag": "D",
+    "Rope": "RoPE",
+    "rope": "RoPE",
+    "SignedPerm": "SP",
+    "Head": "Heads",
+}
+
+
+def register(cls: type[Group]) -> type[Group]:
+    REGISTRY[cls.kind] = cls
+    return cls
+
+
+def make_generator(seed: int | torch.Generator | None) -> torch.Generator:
+    if isinstance(seed, torch.Generator):
+        return seed
+    g = torch.Generator()
+    g.manual_seed(0 if seed is None else int(seed))
+    return g
+
+
+class Group(ABC):
+    """Base class of every group kind.
+
+    Subclasses are ``attrs.frozen`` classes whose fields, in order, are the arguments of
+    the text form: positional ``int`` fields first, then keyword options.
+    """
+
+    kind: ClassVar[str]
+    #: fields printed as keywords (``kv=8``) rather than positionally
+    keyword_fields: ClassVar[tuple[str, ...]] = ()
+
+    # -- text form -------------------------------------------------------------------
+    def __str__(self) -> str:
+        parts: list[str] = []
+        for f in attrs.fields(type(self)):
+            value = getattr(self, f.name)
+            default: Any = f.default if f.default is not attrs.NOTHING else object()
+            if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+                default = default.factory(self) if default.takes_self else default.factory()  # type: ignore[call-arg]
+            if f.name in self.keyword_fields:
+                if value == default:
+                    continue
+                parts.append(f"{f.name}={_fmt(value)}")
+            else:
+                parts.append(_fmt(value))
+        return f"{self.kind}({', '.join(parts)})"
+
+    # -- structure --------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def n(self) -> int:
+        """Size of the natural representation."""
+
+    def rep_paths(self) -> list[Path]:
+        """Every valid representation path."""
+        return [()]
+
+    def rep_size(self, path: Path = ()) -> int:
+        self._check_path(path)
+        return self.n
+
+    def is_orthogonal(self, path: Path = ()) -> bool:
+        """True when co and contra coincide (rho(g)^-T == rho(g) for every g)."""
+        return False
+
+    def _check_path(self, path: Path) -> None:
+        if tuple(path) not in self.rep_paths():
+            valid = ", ".join(".".join(p) or "(natural)" for p in self.rep_paths())
+            raise GroupError(f"{self} has no representation '{'.'.join(path)}'; valid: {valid}")
+
+    # -- the group law ----------------------------------------------------------------
+    @abstractmethod
+    def identity(self, *, batch: tuple[int, ...] = (), dtype: torch.dtype = torch.float64,
+                 device: torch.device | str | None = None) -> Element: ...
+
+    @abstractmethod
+    def compose(self, a: Element, b: Element) -> Element:
+        """The element acting as ``a`` after ``b``: matrix(compose(a, b)) == matrix(a) @ matrix(b)."""
+
+    @abstractmethod
+    def inverse(self, a: Element) -> Element: ...
+
+    @abstractmethod
+    def sample(self, seed: int | torch.Generator | None = None, *, batch: tuple[int, ...] = (),
+               dtype: torch.dtype = torch.float64, device: torch.device | str | None = None,
+               cond: float = 10.0) -> Element:
+        """A random element, seeded.
+
+        Non-compact groups (GL, scalings, the RoPE commutant) sample elements whose action
+        has condition number at most ``cond``: float32 checks lose about log10(cond) digits.
+        """
+
+    @abstractmethod
+    def apply(self, a: Element, x: torch.Tensor, path: Path = (), variance: Variance = "co") -> torch.Tensor:
+        """Act on ``x`` along the first non-batch dimension.
+
+        ``x`` has shape ``[*batch, rep_size(path), *rest]`` where ``batch`` are the element's
+        batch dimensions.
+        """
+
+    # -- derived ----------------------------------------------------------------------
+    def matrix(self, a: Element, path: Path = (), variance: Variance = "co") -> torch.Tensor:
+        """The action matrix rho(g) (or rho(g)^-T, |rho(g)|) of the representation ``path``."""
+        self._check_path(path)
+        batch = self.batch_shape(a)
+        size = self.rep_size(path)
+        ref = next(iter(a.values()))
+        dtype = ref.dtype if ref.is_floating_point() else torch.float64
+        eye = torch.eye(size, dtype=dtype, device=ref.device).expand(*batch, size, size)
+        return self.apply(a, eye, path, variance)
+
+    def batch_shape(self, a: Element) -> tuple[int, ...]:
+        """Leading batch dimensions of an element."""
+        ref = self.identity(batch=())
+        key = next(iter(ref))
+        nd = ref[key].ndim
+        shape = tuple(a[key].shape)
+        return shape[: len(shape) - nd]
+
+    def contains(self, a: Element | torch.Tensor, atol: float = 1e-8) -> bool:
+        """Membership: an element (checked for structure) or a natural-representation matrix."""
+        if isinstance(a, torch.Tensor):
+            return self.contains_matrix(a, atol)
+        try:
+            if not self.element_ok(a, atol):
+                return False
+            return self.contains_matrix(self.matrix(a), atol)
+        except (KeyError, RuntimeError, IndexError, ValueError):
+            return False
+
+    def element_ok(self, a: Element, atol: float) -> bool:
+        """Structural check of an element's fields (shapes); value checks are in contains_matrix."""
+        ref = self.identity(batch=())
+        if set(a) != set(ref):
+            return False
+        batch = self.batch_shape(a)
+        return all(tuple(a[k].shape) == (*batch, *ref[k].shape) for k in ref)
+
+    @abstractmethod
+    def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
+        """Membership of a natural-representation matrix."""
+
+    def to(self, a: Element, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> Element:
+        """Move an element; integer fields (permutations) keep their dtype."""
+        out = {}
+        for k, v in a.items():
+            if v.is_floating_point() and dtype is not None:
+                out[k] = v.to(device=device, dtype=dtype)
+            else:
+                out[k] = v.to(device=device)
+        return out
+
+    def equal(self, a: Element, b: Element, atol: float = 1e-9) -> bool:
+        """Same element (same action), up to ``atol`` on the action matrices."""
+        ma = self.matrices(a)
+        mb = self.matrices(b)
+        return all(torch.allclose(x, y.to(x.dtype), atol=atol, rtol=0) for x, y in zip(ma, mb))
+
+    def matrices(self, a: Element) -> list[torch.Tensor]:
+        return [self.matrix(a, p) for p in self.rep_paths()]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, Group):
+        return str(value)
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_fmt(v) for v in value) + ")"
+    return str(value)
+
+
+# ------------------------------------------------------------------------------------
+# Text form: groups are written as Python call expressions and parsed with `ast`, which
+# gives column offsets for error messages for free.
+
+DimResolver = Callable[[ast.expr], int]
+
+
+def parse(text: str, dims: DimResolver | None = None) -> Group:
+    """Parse a group's text form.
+
+    ``dims`` evaluates integer arguments that are not literals (names of a spec's
+    dimensions, arithmetic such as ``d // H``); without it only literals are allowed.
+
+    >>> str(parse("Heads(4, qk=GL(8), ov=GL(8))"))
+    'Heads(4, qk=GL(8), ov=GL(8))'
+    >>> parse("S(3)") == parse(str(parse("S(3)")))
+    True
+    """
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        raise GroupError(f"cannot parse group '{text}': {e.msg} at column {e.offset}") from None
+    return _build(tree.body, text, dims)
+
+
+def _literal_int(node: ast.expr) -> int:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_literal_int(node.operand)
+    raise GroupError(f"expected an integer, got '{ast.unparse(node)}'")
+
+
+def _build(node: ast.expr, text: str, dims: DimResolver | None) -> Group:
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        raise GroupError(f"'{ast.unparse(node)}' is not a group (expected e.g. S(n), O(n), GL(n))")
+    name = node.func.id
+    cls = REGISTRY.get(name)
+    if cls is None:
+        hint = suggest(name, REGISTRY, aliases=ALIASES)
+        raise GroupError(f"unknown group '{name}'" + (f"; {hint}" if hint else f"; known: {', '.join(sorted(REGISTRY))}"))
+    custom = getattr(cls, "from_call", None)
+    if custom is not None:
+        return custom(node, lambda sub: _build(sub, text, dims), lambda sub: _int_arg(cls, sub, dims))
+    fields = list(attrs.fields(cls))
+    positional = [f for f in fields if f.name not in cls.keyword_fields]
+    values: dict[str, Any] = {}
+    if len(node.args) > len(positional):
+        raise GroupError(f"{name} takes at most {len(positional)} positional argument(s), got {len(node.args)}")
+    for f, arg in zip(positional, node.args):
+        values[f.name] = _value(cls, f, arg, text, dims)
+    known = {f.name: f for f in fields}
+    for kw in node.keywords:
+        if kw.arg is None or kw.arg not in known:
+            hint = suggest(kw.arg or "", known)
+            raise GroupError(f"{name} has no option '{kw.arg}'" + (f"; {hint}" if hint else ""))
+        values[kw.arg] = _value(cls, known[kw.arg], kw.value, text, dims)
+    missing = [f.name for f in fields if f.name not in values and f.default is attrs.NOTHING]
+    if missing:
+        raise GroupError(f"{name} needs {', '.join(missing)}")
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as e:
+        raise GroupError(f"{name}: {e}") from None
+
+
+def _value(cls: type[Group], f: attrs.Attribute, node: ast.expr, text: str, dims: DimResolver | None) -> Any:
+    kind = f.metadata.get("kind", "int")
+    if kind == "group":
+        return _build(node, text, dims)
+    if kind == "enum":
+        choices: tuple[str, ...] = f.metadata["choices"]
+        if isinstance(node, ast.Name) and node.id in choices:
+            return node.id
+        if isinstance(node, ast.Constant) and node.value in choices:
+            return node.value
+        raise GroupError(f"{cls.kind}: option {f.name} must be one of {', '.join(choices)}, got '{ast.unparse(node)}'")
+    if kind == "float":
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return float(node.value)
+        raise GroupError(f"{cls.kind}: option {f.name} must be a number, got '{ast.unparse(node)}'")
+    return _int_arg(cls, node, dims, f.name)
+
+
+def _int_arg(cls: type[Group], node: ast.expr, dims: DimResolver | None, what: str = "argument") -> int:
+    try:
+        return _literal_int(node)
+    except GroupError:
+        if dims is None:
+            raise GroupError(f"{cls.kind}: {what} must be an integer, got '{ast.unparse(node)}'") from None
+        return dims(node)
+
+
+def positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+def int_field(**kw: Any) -> Any:
+    return attrs.field(validator=positive, metadata={"kind": "int"}, **kw)
+
+
+def parse_group_like(value: Group | str) -> Group:
+    return value if isinstance(value, Group) else parse(value)
+
+
+def registry_summary() -> Mapping[str, str]:
+    """Kind name -> first line of its docstring (for ``symspec specs`` and the docs)."""
+    return {k: (c.__doc__ or "").strip().splitlines()[0] for k, c in sorted(REGISTRY.items())}
+
+
+def log_uniform(gen: torch.Generator, shape: tuple[int, ...], cond: float, dtype: torch.dtype) -> torch.Tensor:
+    """Values in [cond^-1/2, cond^1/2], log-uniform: condition number at most ``cond``."""
+    half = 0.5 * math.log(cond)
+    u = torch.rand(shape, generator=gen, dtype=torch.float64) * 2 * half - half
+    return u.exp().to(dtype)

@@ -1,0 +1,496 @@
+"""The elementary groups: permutations, signed permutations, orthogonal, centred
+orthogonal, invertible, diagonal scalings and the RoPE commutant.
+
+Every element may carry leading batch dimensions (one element per head, say); the
+operations broadcast over them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import ClassVar
+
+import attrs
+import torch
+
+from .base import Element, Group, Path, Variance, int_field, log_uniform, make_generator, register
+
+
+def _flatten_rest(x: torch.Tensor, nbatch: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """[*b, n, *rest] -> [*b, n, prod(rest)], and the rest shape to restore."""
+    rest = tuple(x.shape[nbatch + 1 :])
+    return x.reshape(*x.shape[: nbatch + 1], -1), rest
+
+
+def _restore(y: torch.Tensor, rest: tuple[int, ...]) -> torch.Tensor:
+    return y.reshape(*y.shape[:-1], *rest)
+
+
+def _gather_rows(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """y[..., i, :] = x[..., perm[..., i], :] for x [*b, n, R] and perm [*b, n]."""
+    if perm.ndim == 1:
+        return x.index_select(-2, perm.to(x.device))
+    idx = perm.to(x.device).unsqueeze(-1).expand(*perm.shape, x.shape[-1])
+    return torch.gather(x, -2, idx)
+
+
+def _is_perm(p: torch.Tensor) -> bool:
+    n = p.shape[-1]
+    return bool((torch.sort(p, dim=-1).values == torch.arange(n, device=p.device)).all())
+
+
+def _perm_matrix_ok(m: torch.Tensor, atol: float, signed: bool) -> bool:
+    if m.ndim < 2 or m.shape[-1] != m.shape[-2]:
+        return False
+    vals = m.abs() if signed else m
+    binary = ((vals - 1).abs() <= atol) | (vals.abs() <= atol)
+    if not binary.all():
+        return False
+    if not signed and (m < -atol).any():
+        return False
+    nz = (vals > 0.5).to(torch.int64)
+    return bool((nz.sum(-1) == 1).all() and (nz.sum(-2) == 1).all())
+
+
+def _eye(n: int, batch: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None) -> torch.Tensor:
+    return torch.eye(n, dtype=dtype, device=device).expand(*batch, n, n).clone()
+
+
+def _haar(gen: torch.Generator, batch: tuple[int, ...], n: int) -> torch.Tensor:
+    z = torch.randn(*batch, n, n, generator=gen, dtype=torch.float64)
+    q, r = torch.linalg.qr(z)
+    return q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+def _orthogonal_ok(m: torch.Tensor, atol: float) -> bool:
+    if m.ndim < 2 or m.shape[-1] != m.shape[-2] or not torch.isfinite(m).all():
+        return False
+    n = m.shape[-1]
+    eye = torch.eye(n, dtype=m.dtype, device=m.device)
+    return bool(((m.mT @ m - eye).abs() <= atol * max(1, n) ** 0.5).all())
+
+
+@register
+@attrs.frozen
+class S(Group):
+    """Permutations S(n): FF hidden units under any elementwise activation, heads."""
+
+    kind: ClassVar[str] = "S"
+    size: int = int_field()
+
+    @property
+    def n(self) -> int:
+        return self.size
+
+    def is_orthogonal(self, path: Path = ()) -> bool:
+        return True
+
+    def identity(self, *, batch=(), dtype=torch.float64, device=None) -> Element:
+        return {"perm": torch.arange(self.size, device=device).expand(*batch, self.size).clone()}
+
+    def compose(self, a: Element, b: Element) -> Element:
+        return {"perm": torch.gather(b["perm"], -1, a["perm"])}
+
+    def inverse(self, a: Element) -> Element:
+        return {"perm": torch.argsort(a["perm"], dim=-1)}
+
+    def sample(self, seed=None, *, batch=(), dtype=torch.float64, device=None, cond=10.0) -> Element:
+        gen = make_generator(seed)
+        perm = torch.argsort(torch.rand(*batch, self.size, generator=gen), dim=-1)
+        return {"perm": perm.to(device)}
+
+    def apply(self, a: Element, x: torch.Tensor, path: Path = (), variance: Variance = "co") -> torch.Tensor:
+        self._check_path(path)
+        nb = a["perm"].ndim - 1
+        flat, rest = _flatten_rest(x, nb)
+        return _restore(_gather_rows(flat, a["perm"]), rest)
+
+    def element_ok(self, a: Element, atol: float) -> bool:
+        return set(a) == {"perm"} and a["perm"].shape[-1] == self.size and _is_perm(a["perm"])
+
+    def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
+        return m.shape[-1] == self.size and _perm_matrix_ok(m, atol, signed=False)
+
+
+@register
+@attrs.frozen
+class SP(Group):
+    """Signed permutations SP(n): the residual of an RMSNorm model whose gain is not folded."""
+
+    kind: ClassVar[str] = "SP"
+    size: int = int_field()
+
+    @property
+    def n(self) -> int:
+        return self.size
+
+    def is_orthogonal(self, path: Path = ()) -> bool:
+        return True
+
+    def identity(self, *, batch=(), dtype=torch.float64, device=None) -> Element:
+        return {
+            "perm": torch.arange(self.size, device=device).expand(*batch, self.size).clone(),
+            "sign": torch.ones(*batch, self.size, dtype=dtype, device=device),
+        }
+
+    def compose(self, a: Element, b: Element) -> Element:
+        return {
+            "perm": torch.gather(b["perm"], -1, a["perm"]),
+            "sign": a["sign"] * torch.gather(b["sign"], -1, a["perm"]),
+        }
+
+    def inverse(self, a: Element) -> Element:
+        inv = torch.argsort(a["perm"], dim=-1)
+        return {"perm": inv, "sign": torch.gather(a["sign"], -1, inv)}
+
+    def sample(self, seed=None, *, batch=(), dtype=torch.float64, device=None, cond=10.0) -> Element:
+        gen = make_generator(seed)
+        perm = torch.argsort(torch.rand(*batch, self.size, generator=gen), dim=-1)
+        sign = torch.where(torch.rand(*batch, self.size, generator=gen) < 0.5, -1.0, 1.0)
+        return {"perm": perm.to(device), "sign": sign.to(dtype=dtype, device=device)}
+
+    def apply(self, a: Element, x: torch.Tensor, path: Path = (), variance: Variance = "co") -> torch.Tensor:
+        self._check_path(path)
+        nb = a["perm"].ndim - 1
+        flat, rest = _flatten_rest(x, nb)
+        y = _gather_rows(flat, a["perm"])
+        if variance != "abs":
+            y = y * a["sign"].to(device=y.device, dtype=y.dtype).unsqueeze(-1)
+        return _restore(y, rest)
+
+    def element_ok(self, a: Element, atol: float) -> bool:
+        return (
+            set(a) == {"perm", "sign"}
+            and a["perm"].shape[-1] == self.size
+            and _is_perm(a["perm"])
+            and bool(((a["sign"].abs() - 1).abs() <= atol).all())
+        )
+
+    def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
+        return m.shape[-1] == self.size and _perm_matrix_ok(m, atol, signed=True)
+
+
+class _MatrixGroup(Group):
+    """Groups whose elements are stored as their action matrix."""
+
+    size: int
+
+    @property
+    def n(self) -> int:
+        return self.size
+
+    def identity(self, *, batch=(), dtype=torch.float64, device=None) -> Element:
+        return {"matrix": _eye(self.size, batch, dtype, device)}
+
+    def compose(self, a: Element, b: Element) -> Element:
+        return {"matrix": a["matrix"] @ b["matrix"]}
+
+    def inverse(self, a: Element) -> Element:
+        m = a["matrix"]
+        return {"matrix": m.mT.clone() if self.is_orthogonal() else torch.linalg.inv(m)}
+
+    def apply(self, a: Element, x: torch.Tensor, path: Path = (), variance: Variance = "co") -> torch.Tensor:
+        self._check_path(path)
+        m = a["matrix"].to(device=x.device, dtype=x.dtype)
+        nb = m.ndim - 2
+        flat, rest = _flatten_rest(x, nb)
+        if variance == "abs":
+            y = m.abs() @ flat
+        elif variance == "contra" and not self.is_orthogonal():
+            y = torch.linalg.solve(m.mT, flat)
+        else:
+            y = m @ flat
+        return _restore(y, rest)
+
+    def matrix(self, a: Element, path: Path = (), variance: Variance = "co") -> torch.Tensor:
+        self._check_path(path)
+        m = a["matrix"]
+        if variance == "abs":
+            return m.abs()
+        if variance == "contra" and not self.is_orthogonal():
+            return torch.linalg.inv(m).mT
+        return m
+
+
+@register
+@attrs.frozen
+class O(_MatrixGroup):
+    """Orthogonal O(n): the residual stream of an RMSNorm model once the gain is folded."""
+
+    kind: ClassVar[str] = "O"
+    size: int = int_field()
+
+    def is_orthogonal(self, path: Path = ()) -> bool:
+        return True
+
+    def sample(self, seed=None, *, batch=(), dtype=torch.float64, device=None, cond=10.0) -> Element:
+        return {"matrix": _haar(make_generator(seed), batch, self.size).to(dtype=dtype, device=device)}
+
+    def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
+        return m.shape[-1] == self.size and _orthogonal_ok(m, atol)
+
+
+@functools.lru_cache(maxsize=64)
+def centred_basis(n: int) -> torch.Tensor:
+    """An orthonormal basis [n, n-1] of the zero-mean subspace (the complement of all-ones)."""
+    m = torch.eye(n, dtype=torch.float64)
+    m[:, 0] = 1.0
+    q, _ = torch.linalg.qr(m)
+    return q[:, 1:].contiguous()
+
+
+@register
+@attrs.frozen
+class OC(_MatrixGroup):
+    """Orthogonal maps fixing the all-ones vector, OC(n) ~ O(n-1): the residual of a
+    LayerNorm model whose writers are mean-centred (they commute with LayerNorm)."""
+
+    kind: ClassVar[str] = "OC"
+    size: int = int_field()
+
+    def is_orthogonal(self, path: Path = ()) -> bool:
+        return True
+
+    def sample(self, seed=None, *, batch=(), dtype=torch.float64, device=None, cond=10.0) -> Element:
+        n = self.size
+        if n == 1:
+            return self.identity(batch=batch, dtype=dtype, device=device)
+        r = _haar(make_generator(seed), batch, n - 1)
+        b = centred_basis(n)
+        q = b @ r @ b.T + torch.full((n, n), 1.0 / n, dtype=torch.float64)
+        return {"matrix": q.to(dtype=dtype, device=device)}
+
+    def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
+        if m.shape[-1] != self.size or not _orthogonal_ok(m, atol):
+            return False
+        ones = torch.ones(self.size, 1, dtype=m.dtype, device=m.device)
+        return bool(((m @ ones - ones).abs() <= atol * max(1, self.size) ** 0.5).all())
+
+    @staticmethod
+    def from_reduced(r: torch.Tensor) -> torch.Tensor:
+        """Lift an (n-1)x(n-1) orthogonal matrix (in the centred basis) to OC(n)."""
+        n = r.shape[-1] + 1
+        b = centred_basis(n).to(dtype=r.dtype, device=r.device)
+        return b @ r @ b.T + torch.full((n, n), 1.0 / n, dtype=r.dtype, device=r.device)
+
+
+@register
+@attrs.frozen
+class GL(_MatrixGroup):
+    """Invertible GL(n): per-head QK maps (q side g, k side g^-T) and OV maps."""
+
+    kind: ClassVar[str] = "GL"
+    size: int = int_field()
+
+    def sample(self, seed=None, *, batch=(), dtype=torch.float64, device=None, cond=10.0) -> Element:
+        gen = make_generator(seed)
+        u = _haar(gen, batch, self.size)
+        v = _haar(gen, batch, self.size)
+        s = log_uniform(gen, (*batch, self.size), cond, torch.float64)
+        return {"matrix": (u * s.unsqueeze(-2) @ v.mT).to(dtype=dtype, device=device)}
+
+    def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
+        if m.ndim < 2 or m.shape[-1] != self.size or m.shape[-2] != self.size or not torch.isfinite(m).all():
+            return False
+        s = torch.linalg.svdvals(m.to(torch.float64))
+        return bool((s[..., -1] > s[..., 0] * max(atol, 1e-12)).all())
+
+
+class _DiagonalGroup(Group):
+    size: int
+    positive_only: ClassVar[bool]
+
+    @property
+    def n(self) -> int:
+        return self.size
+
+    def identity(self, *, batch=(), dtype=torch.float64, device=None) -> Element:
+        return {"diag": torch.ones(*batch, self.size, dtype=dtype, device=device)}
+
+    def compose(self, a: Element, b: Element) -> Element:
+        return {"diag": a["diag"] * b["diag"]}
+
+    def inverse(self, a: Element) -> Element:
+        return {"diag": 1.0 / a["diag"]}
+
+    def sample(self, seed=None, *, batch=(), dtype=torch.float64, device=None, cond=10.0) -> Element:
+        gen = make_generator(seed)
+        d = log_uniform(gen, (*batch, self.size), cond, torch.float64)
+        if not self.positive_only:
+            d = d * torch.where(torch.rand(*batch, self.size, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
+        return {"diag": d.to(dtype=dtype, device=device)}
+
+    def apply(self, a: Element, x: torch.Tensor, path: Path = (), variance: Variance = "co") -> torch.Tensor:
+        self._check_path(path)
+        d = a["diag"].to(device=x.device, dtype=x.dtype)
+        if variance == "contra":
+            d = 1.0 / d
+        elif variance == "abs":
+            d = d.abs()
+        nb = d.ndim - 1
+        flat, rest = _flatten_rest(x, nb)
+        return _restore(flat * d.unsqueeze(-1), rest)
+
+    def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
+        if m.ndim < 2 or m.shape[-1] != self.size or m.shape[-2] != self.size:
+            return False
+        d = torch.diagonal(m, dim1=-2, dim2=-1)
+        off = m - torch.diag_embed(d)
+        if (off.abs() > atol).any() or not torch.isfinite(d).all():
+            return False
+        if self.positive_only:
+            return bool((d > atol).all())
+        return bool((d.abs() > atol).all())
+
+
+@register
+@attrs.frozen
+class D(_DiagonalGroup):
+    """Nonzero diagonal scalings D(n): the linear 'up' path of a gated MLP (SwiGLU, GeGLU)."""
+
+    kind: ClassVar[str] = "D"
+    positive_only: ClassVar[bool] = False
+    size: int = int_field()
+
+
+@register
+@attrs.frozen
+class Dpos(_DiagonalGroup):
+    """Positive diagonal scalings D+(n): units of a positively homogeneous activation (ReLU)."""
+
+    kind: ClassVar[str] = "Dpos"
+    positive_only: ClassVar[bool] = True
+    size: int = int_field()
+
+
+def _rot_default(self: RoPE) -> int:
+    return self.size
+
+
+@register
+@attrs.frozen
+class RoPE(Group):
+    """The RoPE commutant RoPE(n): maps of a rotary QK head space that commute with every
+    position's rotation, one 2x2 block aI + bJ per frequency pair (a nonzero complex
+    scalar); with partial rotary (``rot < n``) the unrotated dims get GL(n - rot).
+
+    ``layout=half`` pairs dim i with i + rot/2 (Llama, GPT-NeoX: rotate_half);
+    ``layout=interleaved`` pairs 2i with 2i+1 (GPT-J, the original RoFormer).
+    """
+
+    kind: ClassVar[str] = "RoPE"
+    keyword_fields: ClassVar[tuple[str, ...]] = ("rot", "layout")
+    size: int = int_field()
+    rot: int = attrs.field(default=attrs.Factory(_rot_default, takes_self=True), metadata={"kind": "int"})
+    layout: str = attrs.field(default="half", metadata={"kind": "enum", "choices": ("half", "interleaved")})
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.rot, int) or self.rot < 0 or self.rot > self.size or self.rot % 2:
+            raise ValueError(f"rot must be an even integer between 0 and {self.size}, got {self.rot!r}")
+        if self.layout not in ("half", "interleaved"):
+            raise ValueError(f"layout must be half or interleaved, got {self.layout!r}")
+
+    @property
+    def n(self) -> int:
+        return self.size
+
+    @property
+    def pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index arrays (first, second) of the rotated pairs."""
+        k = self.rot // 2
+        if self.layout == "half":
+            return torch.arange(k), torch.arange(k) + k
+        return torch.arange(k) * 2, torch.arange(k) * 2 + 1
+
+    def _has_rest(self) -> bool:
+        return self.rot < self.size
+
+    def identity(self, *, batch=(), dtype=torch.float64, device=None) -> Element:
+        k = self.rot // 2
+        out = {
+            "a": torch.ones(*batch, k, dtype=dtype, device=device),
+            "b": torch.zeros(*batch, k, dtype=dtype, device=device),
+        }
+        if self._has_rest():
+            out["rest"] = _eye(self.size - self.rot, batch, dtype, device)
+        return out
+
+    def compose(self, a: Element, b: Element) -> Element:
+        out = {
+            "a": a["a"] * b["a"] - a["b"] * b["b"],
+            "b": a["a"] * b["b"] + a["b"] * b["a"],
+        }
+        if self._has_rest():
+            out["rest"] = a["rest"] @ b["rest"]
+        return out
+
+    def inverse(self, a: Element) -> Element:
+        r2 = a["a"] ** 2 + a["b"] ** 2
+        out = {"a": a["a"] / r2, "b": -a["b"] / r2}
+        if self._has_rest():
+            out["rest"] = torch.linalg.inv(a["rest"])
+        return out
+
+    def sample(self, seed=None, *, batch=(), dtype=torch.float64, device=None, cond=10.0) -> Element:
+        gen = make_generator(seed)
+        k = self.rot // 2
+        r = log_uniform(gen, (*batch, k), cond, torch.float64)
+        theta = torch.rand(*batch, k, generator=gen, dtype=torch.float64) * 2 * math.pi
+        out = {"a": (r * theta.cos()).to(dtype=dtype, device=device), "b": (r * theta.sin()).to(dtype=dtype, device=device)}
+        if self._has_rest():
+            out["rest"] = GL(self.size - self.rot).sample(gen, batch=batch, dtype=dtype, device=device, cond=cond)["matrix"]
+        return out
+
+    def apply(self, a: Element, x: torch.Tensor, path: Path = (), variance: Variance = "co") -> torch.Tensor:
+        self._check_path(path)
+        av = a["a"].to(device=x.device, dtype=x.dtype)
+        bv = a["b"].to(device=x.device, dtype=x.dtype)
+        nb = av.ndim - 1
+        flat, rest_shape = _flatten_rest(x, nb)
+        i1, i2 = (p.to(x.device) for p in self.pairs)
+        x1 = flat.index_select(-2, i1)
+        x2 = flat.index_select(-2, i2)
+        if variance == "contra":
+            r2 = av**2 + bv**2
+            av, bv = av / r2, bv / r2
+        if variance == "abs":
+            av, bv = av.abs(), bv.abs()
+            y1 = av.unsqueeze(-1) * x1 + bv.unsqueeze(-1) * x2
+        else:
+            y1 = av.unsqueeze(-1) * x1 - bv.unsqueeze(-1) * x2
+        y2 = bv.unsqueeze(-1) * x1 + av.unsqueeze(-1) * x2
+        y = torch.empty_like(flat)
+        y.index_copy_(-2, i1, y1)
+        y.index_copy_(-2, i2, y2)
+        if self._has_rest():
+            m = a["rest"].to(device=x.device, dtype=x.dtype)
+            xr = flat[..., self.rot :, :]
+            if variance == "contra":
+                yr = torch.linalg.solve(m.mT, xr)
+            elif variance == "abs":
+                yr = m.abs() @ xr
+            else:
+                yr = m @ xr
+            y[..., self.rot :, :] = yr
+        return _restore(y, rest_shape)
+
+    def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
+        if m.ndim < 2 or m.shape[-1] != self.size or m.shape[-2] != self.size or not torch.isfinite(m).all():
+            return False
+        i1, i2 = self.pairs
+        expected = torch.zeros_like(m)
+        a = m[..., i1, i1]
+        b = m[..., i2, i1]
+        ok = (m[..., i2, i2] - a).abs().le(atol).all() and (m[..., i1, i2] + b).abs().le(atol).all()
+        if not ok or not ((a**2 + b**2) > atol**2).all():
+            return False
+        expected[..., i1, i1] = a
+        expected[..., i2, i2] = a
+        expected[..., i2, i1] = b
+        expected[..., i1, i2] = -b
+        if self._has_rest():
+            expected[..., self.rot :, self.rot :] = m[..., self.rot :, self.rot :]
+            if not GL(self.size - self.rot).contains_matrix(m[..., self.rot :, self.rot :], atol):
+                return False
+        return bool(((m - expected).abs() <= atol).all())

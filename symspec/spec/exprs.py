@@ -1,0 +1,209 @@
+"""Dimension expressions: ``config.n_embd``, ``d / H``, ``shape("lm_head.weight", 0)``.
+
+A small, safe subset of Python expressions evaluated with :mod:`ast`: integer literals,
+names of other dimensions, ``config.<attr>[.<attr>...]``, ``+ - * / // %`` (``/`` must
+divide exactly), and the functions ``shape(param, axis)``, ``first(a, b, ...)`` (the
+first one that exists and is not None), ``min`` and ``max``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+FUNCTIONS = ("shape", "first", "min", "max")
+
+
+class ExprError(Exception):
+    """An expression that cannot be parsed or evaluated (the message says why)."""
+
+
+class _Missing(Exception):
+    pass
+
+
+def parse_expr(text: str | int) -> ast.expr:
+    if isinstance(text, bool):
+        raise ExprError(f"expected an integer expression, got {text!r}")
+    if isinstance(text, int):
+        return ast.Constant(text)
+    if not isinstance(text, str):
+        raise ExprError(f"expected an integer expression, got {text!r}")
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as e:
+        raise ExprError(f"cannot parse '{text}': {e.msg}") from None
+    _validate(node)
+    return node
+
+
+_BINOPS: dict[type, Callable[[int, int], int]] = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+}
+
+
+def _validate(node: ast.expr) -> None:
+    if isinstance(node, ast.Constant):
+        if not isinstance(node.value, (int, str)) or isinstance(node.value, bool):
+            raise ExprError(f"unsupported constant {node.value!r}")
+    elif isinstance(node, ast.Name):
+        pass
+    elif isinstance(node, ast.Attribute):
+        base = node
+        while isinstance(base, ast.Attribute):
+            base = base.value  # type: ignore[assignment]
+        if not (isinstance(base, ast.Name) and base.id == "config"):
+            raise ExprError(f"attribute access is only allowed on config, got '{ast.unparse(node)}'")
+    elif isinstance(node, ast.BinOp):
+        if not isinstance(node.op, (*_BINOPS, ast.Div)):
+            raise ExprError(f"unsupported operator in '{ast.unparse(node)}'")
+        _validate(node.left)
+        _validate(node.right)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        _validate(node.operand)
+    elif isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            raise ExprError(f"unknown function in '{ast.unparse(node)}'; functions: {', '.join(FUNCTIONS)}")
+        if node.keywords:
+            raise ExprError(f"{node.func.id}() takes no keyword arguments")
+        for a in node.args:
+            _validate(a)
+    else:
+        raise ExprError(f"unsupported expression '{ast.unparse(node)}'")
+
+
+def names_in(node: ast.expr) -> set[str]:
+    """Dimension names an expression refers to (not ``config``, not function names)."""
+    out: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and sub.id != "config" and sub.id not in FUNCTIONS:
+            out.add(sub.id)
+    return out
+
+
+@attrs.define
+class DimContext:
+    """What an expression may read: other dims, the model's config, parameter shapes."""
+
+    dims: Mapping[str, int] = attrs.field(factory=dict)
+    config: Any = None
+    shapes: Mapping[str, tuple[int, ...]] = attrs.field(factory=dict)
+
+    def evaluate(self, node: ast.expr) -> int:
+        try:
+            value = self._eval(node)
+        except _Missing as e:
+            raise ExprError(str(e)) from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ExprError(f"'{ast.unparse(node)}' is {value!r}, not an integer")
+        return value
+
+    def _eval(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in self.dims:
+                raise _Missing(f"unknown dimension '{node.id}'")
+            return self.dims[node.id]
+        if isinstance(node, ast.Attribute):
+            chain: list[str] = []
+            cur: ast.expr = node
+            while isinstance(cur, ast.Attribute):
+                chain.append(cur.attr)
+                cur = cur.value
+            obj = self.config
+            if obj is None:
+                raise _Missing(f"'{ast.unparse(node)}': the model has no config")
+            for attr in reversed(chain):
+                if isinstance(obj, Mapping):
+                    if attr not in obj:
+                        raise _Missing(f"'{ast.unparse(node)}': config has no '{attr}'")
+                    obj = obj[attr]
+                else:
+                    if not hasattr(obj, attr):
+                        raise _Missing(f"'{ast.unparse(node)}': config has no '{attr}'")
+                    obj = getattr(obj, attr)
+            return obj
+        if isinstance(node, ast.UnaryOp):
+            return -self._int(node.operand)
+        if isinstance(node, ast.BinOp):
+            a, b = self._int(node.left), self._int(node.right)
+            if isinstance(node.op, ast.Div):
+                if b == 0 or a % b:
+                    raise ExprError(f"'{ast.unparse(node)}': {a} is not divisible by {b}")
+                return a // b
+            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and b == 0:
+                raise ExprError(f"'{ast.unparse(node)}': division by zero")
+            return _BINOPS[type(node.op)](a, b)
+        if isinstance(node, ast.Call):
+            fname = node.func.id  # type: ignore[attr-defined]
+            if fname == "first":
+                for arg in node.args:
+                    try:
+                        v = self._eval(arg)
+                    except _Missing:
+                        continue
+                    if v is not None:
+                        return v
+                raise _Missing(f"'{ast.unparse(node)}': none of the alternatives exists")
+            if fname in ("min", "max"):
+                vals = [self._int(a) for a in node.args]
+                if not vals:
+                    raise ExprError(f"{fname}() needs arguments")
+                return min(vals) if fname == "min" else max(vals)
+            if fname == "shape":
+                if len(node.args) != 2 or not isinstance(node.args[0], ast.Constant) or not isinstance(node.args[0].value, str):
+                    raise ExprError('shape() takes a quoted parameter name and an axis: shape("lm_head.weight", 0)')
+                name = node.args[0].value
+                axis = self._int(node.args[1])
+                if name not in self.shapes:
+                    raise _Missing(f"shape(): the model has no parameter '{name}'")
+                shp = self.shapes[name]
+                if not -len(shp) <= axis < len(shp):
+                    raise ExprError(f"shape(): '{name}' has {len(shp)} axes, no axis {axis}")
+                return shp[axis]
+        raise ExprError(f"cannot evaluate '{ast.unparse(node)}'")
+
+    def _int(self, node: ast.expr) -> int:
+        v = self._eval(node)
+        if v is None:
+            raise _Missing(f"'{ast.unparse(node)}' is None")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ExprError(f"'{ast.unparse(node)}' is {v!r}, not an integer")
+        return v
+
+
+def evaluate_dims(exprs: Mapping[str, ast.expr], ctx: DimContext) -> tuple[dict[str, int], dict[str, str]]:
+    """Evaluate named expressions in dependency order; returns (values, errors by name)."""
+    values: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    pending = dict(exprs)
+    while pending:
+        progressed = False
+        for name, node in list(pending.items()):
+            deps = names_in(node)
+            if deps & set(errors):
+                errors[name] = f"depends on {', '.join(sorted(deps & set(errors)))}, which failed"
+                del pending[name]
+                progressed = True
+                continue
+            if not deps <= set(values):
+                continue
+            try:
+                values[name] = DimContext({**ctx.dims, **values}, ctx.config, ctx.shapes).evaluate(node)
+            except ExprError as e:
+                errors[name] = str(e)
+            del pending[name]
+            progressed = True
+        if not progressed:
+            for name in pending:
+                errors[name] = "circular or undefined dimensions: " + ", ".join(sorted(names_in(pending[name]) - set(values)))
+            break
+    return values, errors

@@ -1,0 +1,433 @@
+"""Reading, validating and writing spec files.
+
+Validation collects every error of a file and reports each as
+``file:line:col: key.path: message`` with a suggestion where one is likely.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import SpecError, suggest
+from ..groups import REGISTRY, Group
+from ..groups import parse as parse_group
+from ..groups.base import ALIASES
+from .exprs import ExprError, parse_expr
+from .model import AxisExpr, AxisSyntaxError, DimDecl, ParamDecl, Spec, SpaceDecl, StepDecl, TieDecl, parse_axis
+from .steps import STEPS, validate_step
+from .yamlsrc import KeyPath, Source, load_source
+
+FORMAT_VERSION = 1
+TOP_KEYS = ("symspec", "name", "description", "models", "dims", "spaces", "params", "ties", "canonicalize")
+_CAPTURE = re.compile(r"\{([^{}]*)\}")
+_SPACE_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[([A-Za-z_][A-Za-z0-9_]*)\])?$")
+
+
+def loads_spec(text: str, file: str = "<string>") -> Spec:
+    """Parse a spec from YAML text (``file`` is used in error messages)."""
+    src = load_source(text, file)
+    spec = _structure(src)
+    if src.diagnostics or spec is None:
+        raise SpecError(src.diagnostics, headline=f"{file}: {len(src.diagnostics)} error(s) in spec")
+    return spec
+
+
+def load_spec(source: str | Path) -> Spec:
+    """Load a spec from a file path, or a built-in spec by name (see ``symspec specs``).
+
+    >>> load_spec("nanogpt").name
+    'nanogpt'
+    """
+    from .builtin import builtin_path, builtin_names
+
+    p = Path(source)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.exists():
+            raise SpecError([], headline=f"{source}: no such spec file")
+        if p.is_dir():
+            raise SpecError([], headline=f"{source}: is a folder, not a spec file")
+        return loads_spec(p.read_text(encoding="utf-8"), str(source))
+    path = builtin_path(str(source))
+    if path is None:
+        hint = suggest(str(source), builtin_names())
+        raise SpecError([], headline=f"'{source}' is neither a spec file nor a built-in spec" + (f"; {hint}" if hint else f"; built-in: {', '.join(builtin_names())}"))
+    return loads_spec(path.read_text(encoding="utf-8"), f"specs/{path.name}")
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def check_template(src: Source, template: str, path: KeyPath) -> bool:
+    ok = True
+    for m in _CAPTURE.finditer(template):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", m.group(1)):
+            src.error(path, f"'{{{m.group(1)}}}' in '{template}' is not a valid capture (use e.g. {{i}})")
+            ok = False
+    stripped = _CAPTURE.sub("", template)
+    if "{" in stripped or "}" in stripped:
+        src.error(path, f"unbalanced braces in parameter name '{template}'")
+        ok = False
+    if not template.strip():
+        src.error(path, "empty parameter name")
+        ok = False
+    return ok
+
+
+def captures_of(template: str) -> tuple[str, ...]:
+    return tuple(m.group(1) for m in _CAPTURE.finditer(template))
+
+
+def _structure(src: Source) -> Spec | None:
+    data = src.data
+    if data is None:
+        src.error((), "the spec is empty")
+        return None
+    if not isinstance(data, dict):
+        src.error((), "a spec is a mapping with keys " + ", ".join(TOP_KEYS))
+        return None
+    for key in data:
+        if key not in TOP_KEYS:
+            src.error((key,), f"unknown key '{key}'", suggest(str(key), TOP_KEYS))
+    version = data.get("symspec")
+    if version is None:
+        src.error((), f"missing 'symspec: {FORMAT_VERSION}' (the format version)")
+    elif version != FORMAT_VERSION:
+        src.error(("symspec",), f"unsupported format version {version!r}; this symspec reads version {FORMAT_VERSION}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        src.error(("name",) if "name" in data else (), "the spec needs a 'name' (a string)")
+        name = "?"
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        src.error(("description",), "description must be a string")
+        description = ""
+    models = data.get("models", [])
+    if isinstance(models, str):
+        models = [models]
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        src.error(("models",), "models must be a list of model class names")
+        models = []
+
+    dims = _dims(src, data.get("dims", {}))
+    dim_names = {d.name for d in dims}
+    spaces = _spaces(src, data.get("spaces"), dim_names)
+    params = _params(src, data.get("params"), {s.name: s for s in spaces}, dim_names)
+    ties = _ties(src, data.get("ties", []))
+    steps = _steps(src, data.get("canonicalize", []))
+    return Spec(
+        name=name,
+        version=FORMAT_VERSION,
+        description=description,
+        models=tuple(models),
+        dims=tuple(dims),
+        spaces=tuple(spaces),
+        params=tuple(params),
+        ties=tuple(ties),
+        canonicalize=tuple(steps),
+        source=src.file,
+    )
+
+
+def _dims(src: Source, raw: Any) -> list[DimDecl]:
+    if raw in (None, {}):
+        return []
+    if not isinstance(raw, dict):
+        src.error(("dims",), "dims must be a mapping: name -> expression (e.g. d: config.n_embd)")
+        return []
+    out = []
+    for name, expr in raw.items():
+        path = ("dims", name)
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name == "config":
+            src.error(path, f"'{name}' is not a valid dimension name")
+            continue
+        try:
+            node = parse_expr(expr)
+        except ExprError as e:
+            src.error(path, str(e))
+            continue
+        unknown = {n for n in _names(node)} - set(raw)
+        for n in sorted(unknown):
+            src.error(path, f"unknown dimension '{n}'", suggest(n, [k for k in raw if isinstance(k, str)]))
+        out.append(DimDecl(name, str(expr), src.loc(path)))
+    return out
+
+
+def _names(node: ast.expr) -> set[str]:
+    from .exprs import names_in
+
+    return names_in(node)
+
+
+def _group_check(src: Source, path: KeyPath, text: Any, dim_names: set[str]) -> Group | None:
+    """Validate a group expression statically; returns the group built with placeholder
+    dims when that is possible (to validate representation paths), else None."""
+    if not isinstance(text, str):
+        src.error(path, f"a group is written like 'S(n)' or 'Heads(H, qk=GL(dh), ov=GL(dh))', got {text!r}")
+        return None
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        src.error(path, f"cannot parse group '{text}': {e.msg}")
+        return None
+    ok = True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in REGISTRY:
+            hint = suggest(node.func.id, REGISTRY, aliases=ALIASES)
+            src.error(path, f"unknown group '{node.func.id}'", hint or f"known: {', '.join(sorted(REGISTRY))}")
+            ok = False
+    if not ok:
+        return None
+    bad_names: list[str] = []
+
+    def resolve(node: ast.expr) -> int:
+        try:
+            expr = parse_expr(ast.unparse(node))
+        except ExprError as e:
+            raise _Stop(str(e)) from None
+        for n in _names(expr):
+            if n not in dim_names:
+                bad_names.append(n)
+        return 0  # placeholder
+
+    try:
+        parse_group(text, dims=resolve)
+    except _Stop as e:
+        src.error(path, str(e))
+        return None
+    except Exception as e:  # GroupError: unknown option, wrong arity
+        msg = str(e)
+        if "must be a positive integer" not in msg and "must divide" not in msg and "must be an even" not in msg:
+            src.error(path, msg)
+            return None
+    for n in sorted(set(bad_names)):
+        src.error(path, f"unknown dimension '{n}' in group '{text}'", suggest(n, dim_names))
+    if bad_names:
+        return None
+    # Build with a plausible placeholder to learn the representation paths.
+    try:
+        return parse_group(text, dims=lambda node: 8)
+    except Exception:
+        return None
+
+
+class _Stop(Exception):
+    pass
+
+
+def _spaces(src: Source, raw: Any, dim_names: set[str]) -> list[SpaceDecl]:
+    if raw is None:
+        src.error((), "the spec declares no 'spaces'")
+        return []
+    if not isinstance(raw, dict):
+        src.error(("spaces",), "spaces must be a mapping: name or name[i] -> group")
+        return []
+    out = []
+    seen: set[str] = set()
+    for key, value in raw.items():
+        path: KeyPath = ("spaces", key)
+        m = _SPACE_KEY.match(str(key))
+        if not m:
+            src.error(path, f"'{key}' is not a space name (write 'resid' or, per layer, 'ff[i]')")
+            continue
+        name, index = m.group(1), m.group(2)
+        if name in seen:
+            src.error(path, f"space '{name}' is declared twice")
+            continue
+        seen.add(name)
+        doc = ""
+        gpath = path
+        if isinstance(value, dict):
+            for k in value:
+                if k not in ("group", "doc"):
+                    src.error((*path, k), f"a space has no field '{k}'", suggest(str(k), ["group", "doc"]))
+            doc = str(value.get("doc", ""))
+            gpath = (*path, "group")
+            if "group" not in value:
+                src.error(path, "the space needs a 'group'")
+                continue
+            value = value["group"]
+        if _group_check(src, gpath, value, dim_names) is None and not isinstance(value, str):
+            continue
+        out.append(SpaceDecl(name, index, value, doc, src.loc(gpath)))
+    return out
+
+
+def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], dim_names: set[str]) -> list[ParamDecl]:
+    if raw is None:
+        src.error((), "the spec declares no 'params'")
+        return []
+    if not isinstance(raw, dict):
+        src.error(("params",), "params must be a mapping: parameter name template -> axes or 'invariant'")
+        return []
+    groups: dict[str, Group | None] = {}
+    for s in spaces.values():
+        groups[s.name] = _quiet_group(s.group, dim_names)
+    out = []
+    for pattern, value in raw.items():
+        path: KeyPath = ("params", pattern)
+        if not isinstance(pattern, str) or not check_template(src, pattern, path):
+            continue
+        caps = captures_of(pattern)
+        if len(set(caps)) != len(caps):
+            src.error(path, f"'{pattern}' captures the same name twice")
+            continue
+        doc = ""
+        if isinstance(value, dict):
+            for k in value:
+                if k not in ("axes", "invariant", "doc"):
+                    src.error((*path, k), f"a parameter has no field '{k}'", suggest(str(k), ["axes", "invariant", "doc"]))
+            doc = str(value.get("doc", ""))
+            if value.get("invariant") is True:
+                if "axes" in value:
+                    src.error(path, "a parameter is either invariant or has axes, not both")
+                value = "invariant"
+            elif "axes" in value:
+                path = (*path, "axes")
+                value = value["axes"]
+            else:
+                src.error(path, "give 'axes: [...]' or 'invariant: true'")
+                continue
+        if value == "invariant":
+            out.append(ParamDecl(pattern, None, True, doc, src.loc(("params", pattern))))
+            continue
+        if isinstance(value, str):
+            hint = suggest(value, ["invariant"])
+            src.error(path, f"expected a list of axes or 'invariant', got '{value}'", hint)
+            continue
+        if not isinstance(value, list) or not value:
+            src.error(path, "expected a list with one axis expression per axis (use _ for an untouched axis), or 'invariant'")
+            continue
+        axes: list[AxisExpr | None] = []
+        locs = []
+        for i, item in enumerate(value):
+            apath = (*path, i)
+            locs.append(src.loc(apath))
+            try:
+                ax = parse_axis(item)
+            except AxisSyntaxError as e:
+                src.error(apath, f"cannot parse axis '{item}' at column {e.column}: {e}")
+                axes.append(None)
+                continue
+            if ax is not None:
+                _check_terms(src, apath, ax, caps, spaces, groups)
+            axes.append(ax)
+        if all(a is None for a in axes):
+            src.error(path, "no axis is bound to a space; declare the parameter 'invariant' instead")
+            continue
+        out.append(ParamDecl(pattern, tuple(axes), False, doc, src.loc(("params", pattern)), tuple(locs)))
+    return out
+
+
+def _quiet_group(text: str, dim_names: set[str]) -> Group | None:
+    try:
+        return parse_group(text, dims=lambda node: 8)
+    except Exception:
+        return None
+
+
+def _check_terms(src: Source, path: KeyPath, ax: AxisExpr, caps: tuple[str, ...], spaces: dict[str, SpaceDecl], groups: dict[str, Group | None]) -> None:
+    for term in ax.terms():
+        decl = spaces.get(term.space)
+        if decl is None:
+            src.error(path, f"unknown space '{term.space}'", suggest(term.space, spaces) or (f"declared: {', '.join(spaces)}" if spaces else None))
+            continue
+        if decl.index and term.index is None:
+            src.error(path, f"space '{term.space}' is per layer ({decl.key}); write {term.space}[{decl.index}]")
+        if not decl.index and term.index is not None:
+            src.error(path, f"space '{term.space}' has no layer index; write {term.space}")
+        if isinstance(term.index, str) and term.index not in caps:
+            src.error(path, f"'{term.ref}' uses '{{{term.index}}}', which '{path[1]}' does not capture", f"captures: {', '.join(caps) or 'none'}")
+        group = groups.get(term.space)
+        if group is not None and term.path not in group.rep_paths():
+            valid = [".".join(p) for p in group.rep_paths() if p]
+            want = ".".join(term.path)
+            src.error(path, f"'{term.ref}': {decl.group} has no representation '{want}'", suggest(want, valid) or (f"valid: {', '.join(valid)}" if valid else "it takes no part name"))
+
+
+def _ties(src: Source, raw: Any) -> list[TieDecl]:
+    if raw in (None, []):
+        return []
+    if not isinstance(raw, list):
+        src.error(("ties",), "ties must be a list of lists of parameter names")
+        return []
+    out = []
+    for i, item in enumerate(raw):
+        path = ("ties", i)
+        if not isinstance(item, list) or len(item) < 2 or not all(isinstance(x, str) for x in item):
+            src.error(path, "a tie is a list of two or more parameter names")
+            continue
+        if not all(check_template(src, x, path) for x in item):
+            continue
+        caps = {frozenset(captures_of(x)) for x in item}
+        if len(caps) > 1:
+            src.error(path, "tied names must capture the same variables")
+            continue
+        out.append(TieDecl(tuple(item), src.loc(path)))
+    return out
+
+
+def _steps(src: Source, raw: Any) -> list[StepDecl]:
+    if raw in (None, []):
+        return []
+    if not isinstance(raw, list):
+        src.error(("canonicalize",), "canonicalize must be a list of steps")
+        return []
+    out = []
+    for i, item in enumerate(raw):
+        path = ("canonicalize", i)
+        res = validate_step(src, path, item, lambda t, p: check_template(src, t, p))
+        if res is None:
+            continue
+        kind, args = res
+        _check_step_captures(src, path, kind, args)
+        out.append(StepDecl.make(kind, args, src.loc(path)))
+    return out
+
+
+def _check_step_captures(src: Source, path: KeyPath, kind: str, args: dict[str, Any]) -> None:
+    if kind == "fold_norm" and "gain" in args:
+        primary = set(captures_of(args["gain"]))
+        others = [args.get("bias")] + [r.get(k) for r in args.get("into", []) for k in ("weight", "bias")]
+        for t in others:
+            if t and not set(captures_of(t)) <= primary:
+                src.error((*path, kind), f"'{t}' uses captures that the gain '{args['gain']}' does not have")
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def dump_spec(spec: Spec) -> str:
+    """Write a spec back as YAML; ``loads_spec(dump_spec(s)) == s``."""
+    doc: dict[str, Any] = {"symspec": spec.version, "name": spec.name}
+    if spec.description:
+        doc["description"] = spec.description
+    if spec.models:
+        doc["models"] = list(spec.models)
+    if spec.dims:
+        doc["dims"] = {d.name: _scalar(d.expr) for d in spec.dims}
+    doc["spaces"] = {s.key: ({"group": s.group, "doc": s.doc} if s.doc else s.group) for s in spec.spaces}
+    params: dict[str, Any] = {}
+    for p in spec.params:
+        if p.invariant:
+            value: Any = "invariant"
+        else:
+            value = ["_" if a is None else str(a) for a in (p.axes or ())]
+        params[p.pattern] = ({"invariant": True, "doc": p.doc} if p.invariant else {"axes": value, "doc": p.doc}) if p.doc else value
+    doc["params"] = params
+    if spec.ties:
+        doc["ties"] = [list(t.params) for t in spec.ties]
+    if spec.canonicalize:
+        doc["canonicalize"] = [{s.kind: s.as_dict()} for s in spec.canonicalize]
+    return yaml.safe_dump(doc, sort_keys=False, width=120)
+
+
+def _scalar(expr: str) -> Any:
+    try:
+        return int(expr)
+    except ValueError:
+        return expr

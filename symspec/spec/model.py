@@ -1,0 +1,306 @@
+"""The spec as frozen data: every node keeps where it came from (``loc``, not compared).
+
+Axis expressions say how one axis of a parameter transforms:
+
+- ``resid``: the residual space, covariant (rho(g) along the axis: an output axis);
+- ``resid*``: contravariant, rho(g)^-T (an input axis, or the dual side of a pairing);
+  ``dual(resid)`` is the same;
+- ``abs(resid)``: |rho(g)| (a norm gain under signed permutations);
+- ``ff[i]``: the space ``ff`` of the layer captured as ``{i}`` in the parameter's name;
+- ``attn[i].qk``: a representation of a structured group (a head group's QK part;
+  ``attn[i].qk.kv`` is its key/value-head view under grouped-query attention);
+- ``mlp[i] @ up[i]``: a composition, read as matrices: ``up[i]`` acts first;
+- ``cat(attn[i].qk, attn[i].qk*, attn[i].ov)``: the axis is a concatenation (fused qkv);
+- ``_``: the axis is untouched.
+
+>>> str(parse_axis("cat(attn[i].qk, attn[i].qk*, attn[i].ov)"))
+'cat(attn[i].qk, attn[i].qk*, attn[i].ov)'
+>>> parse_axis("mlp[i] @ up[i]").segments[0].terms[1].space
+'up'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ..errors import Location
+
+_NOLOC = Location()
+
+
+def _loc_field() -> Any:
+    return attrs.field(default=_NOLOC, eq=False, repr=False)
+
+
+@attrs.frozen
+class Term:
+    """One space's representation acting on (a segment of) an axis."""
+
+    space: str
+    index: str | int | None = None
+    path: tuple[str, ...] = ()
+    variance: str = "co"
+
+    @property
+    def ref(self) -> str:
+        s = self.space
+        if self.index is not None:
+            s += f"[{self.index}]"
+        if self.path:
+            s += "." + ".".join(self.path)
+        return s
+
+    def __str__(self) -> str:
+        if self.variance == "contra":
+            return self.ref + "*"
+        if self.variance == "abs":
+            return f"abs({self.ref})"
+        return self.ref
+
+
+@attrs.frozen
+class Chain:
+    """Terms composed on one segment; ``terms[-1]`` acts first (matrix order)."""
+
+    terms: tuple[Term, ...]
+
+    def __str__(self) -> str:
+        return " @ ".join(str(t) for t in self.terms)
+
+
+@attrs.frozen
+class AxisExpr:
+    segments: tuple[Chain, ...]
+    cat: bool = False
+
+    def __str__(self) -> str:
+        inner = ", ".join(str(c) for c in self.segments)
+        return f"cat({inner})" if self.cat else inner
+
+    def terms(self) -> list[Term]:
+        return [t for c in self.segments for t in c.terms]
+
+
+class AxisSyntaxError(Exception):
+    def __init__(self, message: str, column: int) -> None:
+        super().__init__(message)
+        self.column = column
+
+
+_TOKEN = re.compile(r"\s*(?:(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|(?P<int>\d+)|(?P<op>[\[\]().,@*]))")
+
+
+def _tokenize(text: str) -> list[tuple[str, str, int]]:
+    out = []
+    pos = 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise AxisSyntaxError(f"unexpected character '{text[pos:].strip()[0]}'", pos + 1)
+        kind = m.lastgroup or ""
+        out.append((kind, m.group(kind), m.start(kind) + 1))
+        pos = m.end()
+    return out
+
+
+def parse_axis(text: str | None) -> AxisExpr | None:
+    """Parse one axis expression; ``None``, ``'_'`` or ``'-'`` mean untouched."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise AxisSyntaxError(f"an axis expression must be a string, got {text!r}", 1)
+    if text.strip() in ("_", "-", ""):
+        return None
+    toks = _tokenize(text)
+    p = _Parser(toks, text)
+    expr = p.axis()
+    if p.i < len(toks):
+        raise AxisSyntaxError(f"unexpected '{toks[p.i][1]}'", toks[p.i][2])
+    return expr
+
+
+class _Parser:
+    def __init__(self, toks: list[tuple[str, str, int]], text: str) -> None:
+        self.toks = toks
+        self.i = 0
+        self.text = text
+
+    def peek(self, value: str | None = None, kind: str | None = None) -> bool:
+        if self.i >= len(self.toks):
+            return False
+        k, v, _ = self.toks[self.i]
+        return (value is None or v == value) and (kind is None or k == kind)
+
+    def take(self, value: str | None = None, kind: str | None = None, what: str = "") -> tuple[str, str, int]:
+        if not self.peek(value, kind):
+            got = f"'{self.toks[self.i][1]}'" if self.i < len(self.toks) else "the end"
+            col = self.toks[self.i][2] if self.i < len(self.toks) else len(self.text) + 1
+            raise AxisSyntaxError(f"expected {what or value or kind}, got {got}", col)
+        tok = self.toks[self.i]
+        self.i += 1
+        return tok
+
+    def axis(self) -> AxisExpr:
+        if self.peek("cat", "ident") and self.i + 1 < len(self.toks) and self.toks[self.i + 1][1] == "(":
+            self.i += 2
+            segs = [self.chain()]
+            while self.peek(","):
+                self.i += 1
+                segs.append(self.chain())
+            self.take(")", what="')' closing cat(")
+            return AxisExpr(tuple(segs), cat=True)
+        return AxisExpr((self.chain(),))
+
+    def chain(self) -> Chain:
+        terms = [self.term()]
+        while self.peek("@"):
+            self.i += 1
+            terms.append(self.term())
+        return Chain(tuple(terms))
+
+    def term(self) -> Term:
+        for fn, variance in (("dual", "contra"), ("abs", "abs")):
+            if self.peek(fn, "ident") and self.i + 1 < len(self.toks) and self.toks[self.i + 1][1] == "(":
+                self.i += 2
+                t = self.ref()
+                self.take(")", what=f"')' closing {fn}(")
+                return attrs.evolve(t, variance=variance)
+        t = self.ref()
+        if self.peek("*"):
+            self.i += 1
+            t = attrs.evolve(t, variance="contra")
+        return t
+
+    def ref(self) -> Term:
+        _, name, _ = self.take(kind="ident", what="a space name")
+        index: str | int | None = None
+        if self.peek("["):
+            self.i += 1
+            kind, value, col = self.take(what="a layer index")
+            if kind == "int":
+                index = int(value)
+            elif kind == "ident":
+                index = value
+            else:
+                raise AxisSyntaxError(f"expected a layer index, got '{value}'", col)
+            self.take("]", what="']'")
+        path: list[str] = []
+        while self.peek("."):
+            self.i += 1
+            path.append(self.take(kind="ident", what="a part name")[1])
+        return Term(name, index, tuple(path))
+
+
+@attrs.frozen
+class DimDecl:
+    name: str
+    expr: str
+    loc: Location = _loc_field()
+
+
+@attrs.frozen
+class SpaceDecl:
+    """A named space (``ff``, indexed per layer as ``ff[i]``) with its group expression."""
+
+    name: str
+    index: str | None
+    group: str
+    doc: str = ""
+    loc: Location = _loc_field()
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}[{self.index}]" if self.index else self.name
+
+
+@attrs.frozen
+class ParamDecl:
+    """A parameter name template (``transformer.h.{i}.mlp.c_fc.weight``) and its axes."""
+
+    pattern: str
+    axes: tuple[AxisExpr | None, ...] | None = None
+    invariant: bool = False
+    doc: str = ""
+    loc: Location = _loc_field()
+    axis_locs: tuple[Location, ...] = attrs.field(default=(), eq=False, repr=False)
+
+    @property
+    def captures(self) -> tuple[str, ...]:
+        return tuple(re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", self.pattern))
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple((k, _freeze(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+@attrs.frozen
+class StepDecl:
+    """One canonicalisation step: its kind and its (validated) arguments."""
+
+    kind: str
+    args: tuple[tuple[str, Any], ...]
+    loc: Location = _loc_field()
+
+    @classmethod
+    def make(cls, kind: str, args: Mapping[str, Any], loc: Location = _NOLOC) -> StepDecl:
+        return cls(kind, _freeze(args), loc)
+
+    def arg(self, name: str, default: Any = None) -> Any:
+        for k, v in self.args:
+            if k == name:
+                return v
+        return default
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: _thaw(v) for k, v in self.args}
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple) and value and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in value):
+        return {k: _thaw(v) for k, v in value}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+@attrs.frozen
+class TieDecl:
+    params: tuple[str, ...]
+    loc: Location = _loc_field()
+
+
+@attrs.frozen
+class Spec:
+    """A parsed, validated symmetry spec."""
+
+    name: str
+    version: int = 1
+    description: str = ""
+    models: tuple[str, ...] = ()
+    dims: tuple[DimDecl, ...] = ()
+    spaces: tuple[SpaceDecl, ...] = ()
+    params: tuple[ParamDecl, ...] = ()
+    ties: tuple[TieDecl, ...] = ()
+    canonicalize: tuple[StepDecl, ...] = ()
+    source: str = attrs.field(default="<string>", eq=False)
+
+    def space(self, name: str) -> SpaceDecl:
+        for s in self.spaces:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def with_groups(self, restrict: Mapping[str, str]) -> Spec:
+        """A copy with some spaces' groups replaced (e.g. to test a smaller group)."""
+        spaces = tuple(attrs.evolve(s, group=restrict.get(s.name, s.group)) for s in self.spaces)
+        return attrs.evolve(self, spaces=spaces)

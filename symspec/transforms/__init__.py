@@ -1,0 +1,14 @@
+"""Transforms: group elements acting on state dicts, and canonicalisation passes."""
+
+from .apply import apply_elements, inverse_elements, sample_elements, transform_tensor
+from .canonical import STEP_IMPLS, canonicalize_model, canonicalize_state_dict
+
+__all__ = [
+    "STEP_IMPLS",
+    "apply_elements",
+    "canonicalize_model",
+    "canonicalize_state_dict",
+    "inverse_elements",
+    "sample_elements",
+    "transform_tensor",
+]

@@ -1,0 +1,78 @@
+"""Apply group elements (one per space) to a state dict, returning a new one.
+
+The input is never modified. Tensors that no given element touches are passed through
+(the same tensor objects); everything else is new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ..groups import Element
+from ..problem import ParamBinding, Problem
+
+
+def transform_tensor(problem: Problem, binding: ParamBinding, x: torch.Tensor,
+                     elements: Mapping[str, Element]) -> torch.Tensor:
+    """The transformed value of one bound parameter (spaces without an element: identity)."""
+    for ab in binding.axes:
+        if not any(f.space in elements for s in ab.segments for f in s.factors):
+            continue
+        moved = x.movedim(ab.axis, 0)
+        pieces = []
+        for seg in ab.segments:
+            y = moved[seg.start : seg.stop]
+            for f in reversed(seg.factors):
+                e = elements.get(f.space)
+                if e is None:
+                    continue
+                group = problem.spaces[f.space].group
+                y = group.apply(e, y, f.path, f.variance)  # type: ignore[arg-type]
+            pieces.append(y)
+        moved = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 0)
+        x = moved.movedim(0, ab.axis)
+    return x
+
+
+def apply_elements(problem: Problem, elements: Mapping[str, Element],
+                   state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Act with ``elements`` (space instance name -> element) on ``state_dict``.
+
+    Tied entries (``problem.ties``) that arrive as one shared tensor leave as one
+    shared tensor.
+    """
+    unknown = set(elements) - set(problem.spaces)
+    if unknown:
+        raise KeyError(f"no such space(s): {', '.join(sorted(unknown))}")
+    out = dict(state_dict)
+    done: dict[int, torch.Tensor] = {}
+    tie_of = {n: g for g in problem.ties for n in g}
+    for name, binding in problem.params.items():
+        if name not in state_dict:
+            continue
+        if not binding.spaces() & set(elements):
+            continue
+        src = state_dict[name]
+        key = id(src)
+        if name in tie_of and key in done:
+            out[name] = done[key]
+            continue
+        y = transform_tensor(problem, binding, src, elements)
+        out[name] = y.contiguous() if y is not src else y.clone()
+        if name in tie_of:
+            done[key] = out[name]
+    return out
+
+
+def inverse_elements(problem: Problem, elements: Mapping[str, Element]) -> dict[str, Element]:
+    return {k: problem.spaces[k].group.inverse(v) for k, v in elements.items()}
+
+
+def sample_elements(problem: Problem, spaces: list[str] | None = None, seed: int = 0,
+                    dtype: torch.dtype = torch.float64, cond: float = 10.0) -> dict[str, Element]:
+    """One random element per space (all spaces by default), seeded per space."""
+    names = list(problem.spaces) if spaces is None else spaces
+    gen = torch.Generator().manual_seed(seed)
+    return {n: problem.spaces[n].group.sample(gen, dtype=dtype, cond=cond) for n in names}
