@@ -1,1 +1,55 @@
-from . import groups
+"""symspec: weight-space symmetries of Transformers.
+
+Declare a model's symmetry groups in a YAML spec, check that they preserve the
+function, and (in later modules) align and merge models with them.
+
+The public surface is re-exported here and imported lazily, so that ``symspec --help``
+stays fast:
+
+>>> import symspec
+>>> spec = symspec.load_spec("nanogpt")
+>>> [s.key for s in spec.spaces]
+['resid', 'ff[i]', 'attn[i]']
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "load_spec": "symspec.spec.load",
+    "loads_spec": "symspec.spec.load",
+    "dump_spec": "symspec.spec.load",
+    "Spec": "symspec.spec.model",
+    "bind": "symspec.bind",
+    "BoundSpec": "symspec.bind",
+    "Problem": "symspec.problem",
+    "check": "symspec.check",
+    "CheckReport": "symspec.check",
+    "apply_elements": "symspec.transforms",
+    "sample_elements": "symspec.transforms",
+    "canonicalize_model": "symspec.transforms",
+    "canonicalize_state_dict": "symspec.transforms",
+    "parse_group": ("symspec.groups", "parse"),
+    "SymspecError": "symspec.errors",
+    "SymspecInputError": "symspec.errors",
+    "SpecError": "symspec.errors",
+    "BindError": "symspec.errors",
+}
+
+__all__ = [*sorted(_EXPORTS), "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    target = _EXPORTS.get(name)
+    if target is None:
+        if name in ("groups", "spec", "testing", "transforms", "graph", "problem", "errors", "loading"):
+            return importlib.import_module(f"symspec.{name}")
+        raise AttributeError(f"module 'symspec' has no attribute '{name}'")
+    module, attr = target if isinstance(target, tuple) else (target, name)
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value

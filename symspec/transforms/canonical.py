@@ -84,7 +84,7 @@ def canonicalize_state_dict(bound: BoundSpec, state_dict: Mapping[str, torch.Ten
     return sd
 
 
-def _untie_module(model: torch.nn.Module, name: str) -> None:
+def untie_module(model: torch.nn.Module, name: str) -> None:
     prefix, _, attr = name.rpartition(".")
     owner = model.get_submodule(prefix) if prefix else model
     current = getattr(owner, attr)
@@ -103,7 +103,7 @@ def canonicalize_model(bound: BoundSpec, model: torch.nn.Module) -> torch.nn.Mod
     out = copy.deepcopy(model)
     for op in bound.canonical:
         if op.kind == "untie":
-            _untie_module(out, op.args["param"])
+            untie_module(out, op.args["param"])
     sd = canonicalize_state_dict(bound, {k: v.detach() for k, v in model.state_dict().items()})
     out.load_state_dict(sd)
     return out

@@ -1,0 +1,68 @@
+"""Helpers shared by the commands: error mapping, output, spec resolution."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+
+
+def handle_errors(fn: F) -> F:
+    """Map symspec's input errors to exit code 2 with a clean message (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from symspec.errors import SymspecInputError
+
+        try:
+            return fn(*args, **kwargs)
+        except SymspecInputError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(EXIT_INPUT)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def stdout_console() -> Any:
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # pipes and CI logs: do not squeeze tables to 80 columns
+        console = Console(width=140)
+    return console
+
+
+def resolve_spec(spec_arg: str | None, model: Any, hint: str | None = None) -> Any:
+    """--spec, else the model file's SPEC, else the built-in spec for the model's class."""
+    from symspec.errors import SymspecInputError
+    from symspec.spec import builtin_names, load_spec, specs_for_class
+
+    if spec_arg:
+        return load_spec(spec_arg)
+    if hint:
+        return load_spec(hint)
+    cls = type(model).__name__
+    found = specs_for_class(cls)
+    if not found:
+        raise SymspecInputError(f"no built-in spec fits {cls}; pass --spec PATH (built-in specs: {', '.join(builtin_names())})")
+    if len(found) > 1:
+        raise SymspecInputError(f"several built-in specs fit {cls}: {', '.join(found)}; choose one with --spec")
+    return load_spec(found[0])

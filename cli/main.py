@@ -1,0 +1,56 @@
+"""The ``symspec`` command: a thin, lazy shell over the library.
+
+Commands are imported only when run, so ``symspec --help`` imports neither torch
+nor cvxpy nor matplotlib. Exit codes: 0 success, 1 a check that failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+#: command name -> (module, attribute, one-line help). New commands register here.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "check": ("symspec.cli.check", "check_cmd", "Verify that a spec's symmetries preserve a model's function."),
+    "validate": ("symspec.cli.spec_cmds", "validate_cmd", "Validate spec files (no model needed)."),
+    "specs": ("symspec.cli.spec_cmds", "specs_cmd", "List the built-in specs."),
+    "schema": ("symspec.cli.spec_cmds", "schema_cmd", "Print the JSON Schema of the spec format."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module, attr, _ = entry
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="symspec", prog_name="symspec")
+def cli() -> None:
+    """symspec: weight-space symmetries of Transformers.
+
+    Write a spec (YAML) for an architecture, check it against a model, and use it to
+    align and merge checkpoints. Exit codes: 0 ok, 1 a check failed, 2 bad input.
+    """
+
+
+def main(argv: list[str] | None = None) -> Any:
+    return cli.main(args=argv, prog_name="symspec", standalone_mode=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
