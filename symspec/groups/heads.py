@@ -129,12 +129,17 @@ class Heads(Group):
         name, _ = self._split(path)
         return self.part(name).is_orthogonal()
 
+    @staticmethod
+    def _prefix(part: str) -> str:
+        # an unnamed part's fields still get a prefix: a within-head S(n) has its own 'perm'
+        return f"{part or 'within'}."
+
     def _key(self, part: str, field: str) -> str:
-        return f"{part}.{field}" if part else field
+        return self._prefix(part) + field
 
     def within(self, a: Element, part: str) -> Element:
         """The stacked within-head elements [kv, ...] of one part."""
-        prefix = f"{part}." if part else ""
+        prefix = self._prefix(part)
         g = self.part(part)
         keys = g.identity(batch=()).keys()
         return {k: a[prefix + k] for k in keys}

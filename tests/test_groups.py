@@ -1,0 +1,210 @@
+"""Group axioms, representations and the text form, property-tested over every kind."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from symspec.errors import GroupError
+from symspec.groups import GL, OC, REGISTRY, SP, D, Dpos, Heads, O, RoPE, S, SemiPermutation, parse
+
+
+@st.composite
+def simple_groups(draw: st.DrawFn) -> object:
+    n = draw(st.integers(1, 7))
+    kind = draw(st.sampled_from(["S", "SP", "O", "OC", "GL", "D", "Dpos", "RoPE"]))
+    if kind == "RoPE":
+        n2 = 2 * draw(st.integers(1, 4))
+        rot = 2 * draw(st.integers(0, n2 // 2))
+        layout = draw(st.sampled_from(["half", "interleaved"]))
+        return RoPE(n2, rot=rot, layout=layout)
+    return REGISTRY[kind](n)
+
+
+@st.composite
+def groups(draw: st.DrawFn) -> object:
+    if draw(st.booleans()):
+        return draw(simple_groups())
+    kv = draw(st.integers(1, 3))
+    heads = kv * draw(st.integers(1, 3))
+    dh = draw(st.integers(1, 4))
+    qk = draw(st.sampled_from([GL(dh), O(dh), S(dh), D(dh)] + ([RoPE(dh)] if dh % 2 == 0 else [])))
+    ov = draw(st.sampled_from([GL(dh), O(dh), S(dh)]))
+    if draw(st.booleans()):
+        return Heads(heads, (("", qk),), kv)
+    return Heads(heads, (("qk", qk), ("ov", ov)), kv)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, atol=1e-9, rtol=1e-9)
+
+
+@given(groups(), st.integers(0, 2**16))
+def test_text_form_round_trips(g: object, seed: int) -> None:
+    assert parse(str(g)) == g
+    assert hash(parse(str(g))) == hash(g)
+
+
+@given(groups(), st.integers(0, 2**16))
+def test_group_axioms(g, seed: int) -> None:  # type: ignore[no-untyped-def]
+    a, b, c = g.sample(seed), g.sample(seed + 1), g.sample(seed + 2)
+    e = g.identity()
+    for path in g.rep_paths():
+        m = lambda x: g.matrix(x, path)  # noqa: E731
+        eye = torch.eye(g.rep_size(path), dtype=torch.float64)
+        assert _close(m(e), eye)
+        assert _close(m(g.compose(e, a)), m(a))
+        assert _close(m(g.compose(a, e)), m(a))
+        assert _close(m(g.compose(a, g.inverse(a))), eye)
+        assert _close(m(g.compose(g.compose(a, b), c)), m(g.compose(a, g.compose(b, c))))
+        # a homomorphism: rho(ab) = rho(a) rho(b), for co, contra
+        for v in ("co", "contra"):
+            assert _close(g.matrix(g.compose(a, b), path, v), g.matrix(a, path, v) @ g.matrix(b, path, v))
+        # contra is the inverse transpose
+        assert _close(g.matrix(a, path, "contra"), torch.linalg.inv(m(a)).mT)
+        if g.is_orthogonal(path):
+            assert _close(g.matrix(a, path, "contra"), m(a))
+    assert g.contains(a) and g.contains(g.compose(a, b)) and g.contains(g.inverse(a)) and g.contains(e)
+
+
+@given(groups(), st.integers(0, 2**16), st.integers(1, 3))
+def test_apply_matches_matrix(g, seed: int, extra: int) -> None:  # type: ignore[no-untyped-def]
+    a = g.sample(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for path in g.rep_paths():
+        x = torch.randn(g.rep_size(path), extra, 2, generator=gen, dtype=torch.float64)
+        for v in ("co", "contra", "abs"):
+            want = torch.einsum("ij,jkl->ikl", g.matrix(a, path, v), x)
+            assert _close(g.apply(a, x, path, v), want)
+
+
+def test_sampling_is_seeded() -> None:
+    g = parse("Heads(4, qk=GL(3), ov=GL(3), kv=2)")
+    assert g.equal(g.sample(7), g.sample(7))
+    assert not g.equal(g.sample(7), g.sample(8))
+
+
+def test_non_compact_samples_are_well_conditioned() -> None:
+    for g in (GL(16), RoPE(16), D(16), Dpos(16)):
+        m = g.matrix(g.sample(3, cond=10.0))
+        s = torch.linalg.svdvals(m)
+        assert float(s[0] / s[-1]) <= 10.0 + 1e-6
+
+
+@pytest.mark.parametrize(
+    ("group", "bad"),
+    [
+        (S(3), torch.tensor([[1.0, 0, 0], [1, 0, 0], [0, 0, 1]])),  # not a bijection
+        (S(2), torch.tensor([[0.0, -1], [1, 0]])),  # a signed permutation is not in S
+        (SP(2), torch.tensor([[0.5, 0], [0, 1]])),
+        (O(3), torch.eye(3) * 2),
+        (OC(3), torch.tensor([[0.0, 1, 0], [1, 0, 0], [0, 0, -1]])),  # orthogonal but moves the ones
+        (GL(2), torch.tensor([[1.0, 2], [2, 4]])),  # singular
+        (D(2), torch.tensor([[1.0, 1], [0, 1]])),
+        (Dpos(2), torch.tensor([[-1.0, 0], [0, 1]])),
+        (RoPE(4), torch.tensor([[1.0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])),  # a != a across the pair
+    ],
+)
+def test_membership_rejects_non_members(group, bad) -> None:  # type: ignore[no-untyped-def]
+    assert not group.contains(bad.to(torch.float64))
+
+
+def test_membership_accepts_members_of_natural_matrices() -> None:
+    assert S(3).contains(torch.tensor([[0.0, 1, 0], [0, 0, 1], [1, 0, 0]]))
+    assert OC(3).contains(OC(3).matrix(OC(3).sample(0)))
+    assert not O(3).contains(GL(3).matrix(GL(3).sample(0)))
+
+
+def test_centred_orthogonal_fixes_ones_and_commutes_with_centring() -> None:
+    g = OC(6)
+    q = g.matrix(g.sample(1))
+    ones = torch.ones(6, dtype=torch.float64)
+    assert _close(q @ ones, ones)
+    c = torch.eye(6, dtype=torch.float64) - 1 / 6
+    assert _close(q @ c, c @ q)
+
+
+def test_rope_commutant_commutes_with_rotations() -> None:
+    for layout in ("half", "interleaved"):
+        g = RoPE(8, rot=6, layout=layout)
+        m = g.matrix(g.sample(2))
+        i1, i2 = g.pairs
+        for theta in (0.3, 1.7):
+            r = torch.eye(8, dtype=torch.float64)
+            for k, (p, q) in enumerate(zip(i1.tolist(), i2.tolist())):
+                ang = theta * (k + 1)
+                r[p, p], r[p, q], r[q, p], r[q, q] = torch.cos(torch.tensor(ang)), -torch.sin(torch.tensor(ang)), torch.sin(torch.tensor(ang)), torch.cos(torch.tensor(ang))
+            # q' = g q and k' = g^-T k keep q^T R k: g^T R g^-T = R
+            assert _close(m.T @ r @ torch.linalg.inv(m).T, r)
+        # a general GL map does not
+        gl = GL(8).matrix(GL(8).sample(5))
+        assert not _close(gl.T @ r @ torch.linalg.inv(gl).T, r)
+
+
+def test_heads_gqa_views_and_sharing() -> None:
+    g = parse("Heads(4, qk=GL(2), ov=GL(2), kv=2)")
+    assert g.rep_size(("qk",)) == 8 and g.rep_size(("qk", "kv")) == 4
+    a = g.sample(0)
+    mq = g.matrix(a, ("qk",))
+    mkv = g.matrix(a, ("qk", "kv"))
+    # the query heads of a key/value group share its within-head block
+    blocks = mq.reshape(4, 2, 4, 2).permute(0, 2, 1, 3)
+    src = blocks.abs().amax((-1, -2)).argmax(1)
+    for j in range(2):
+        kv_src = int(mkv.reshape(2, 2, 2, 2).permute(0, 2, 1, 3).abs().amax((-1, -2)).argmax(1)[j])
+        for t in range(2):
+            i = 2 * j + t
+            assert int(src[i]) // 2 == kv_src
+            assert _close(blocks[i, src[i]], mkv.reshape(2, 2, 2, 2).permute(0, 2, 1, 3)[j, kv_src])
+    assert g.contains(a)
+    broken = dict(a)
+    broken["perm"] = torch.tensor([0, 0])
+    assert not g.contains(broken)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("Orth(4)", "did you mean 'O'"),
+        ("S()", "needs size"),
+        ("S(0)", "positive integer"),
+        ("RoPE(6, rot=3)", "even integer"),
+        ("Heads(6, GL(2), kv=4)", "must divide"),
+        ("RoPE(4, layout=diagonal)", "half, interleaved"),
+        ("GL(n)", "must be an integer"),
+        ("S(3", "cannot parse"),
+    ],
+)
+def test_bad_group_text(text: str, message: str) -> None:
+    with pytest.raises(GroupError, match=message):
+        parse(text)
+
+
+def test_semi_permutations() -> None:
+    rel = SemiPermutation(7, 4)
+    for seed in range(5):
+        t = rel.sample(seed)
+        assert rel.contains(t)
+        assert t.sum(0).allclose(torch.ones(4, dtype=torch.float64))
+    assert SemiPermutation.parse("SemiPerm(7, 4)") == rel
+    bad = rel.sample(0).clone()
+    row = int((bad > 0).nonzero()[0, 0])
+    bad[row] = 0.5  # two positive entries in a row
+    assert not rel.contains(bad)
+    assert not rel.contains(torch.ones(7, 4, dtype=torch.float64))  # columns do not sum to 1
+    with pytest.raises(ValueError):
+        SemiPermutation(3, 4)
+
+
+def test_semi_permutation_widening_preserves_function() -> None:
+    # h = gelu(W_in x), y = W_out h widened from 4 to 7 units: in-weights copied, out-weights shared.
+    gen = torch.Generator().manual_seed(0)
+    w_in = torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    w_out = torch.randn(3, 4, generator=gen, dtype=torch.float64)
+    t = SemiPermutation(7, 4).sample(1)
+    x = torch.randn(5, 2, generator=gen, dtype=torch.float64)
+    y = w_out @ torch.nn.functional.gelu(w_in @ x)
+    y2 = (w_out @ t.T) @ torch.nn.functional.gelu(SemiPermutation.support(t) @ w_in @ x)
+    assert _close(y, y2)
