@@ -33,7 +33,7 @@ def join_path(path: str, key: str | int) -> str:
     """Key paths read like ``spaces.ff.group`` or ``params[transformer.h.{i}.ln_1.weight][0]``."""
     if isinstance(key, int):
         return f"{path}[{key}]"
-    if "." in key or "[" in key or "{" in key or " " in key:
+    if "." in key or "{" in key or " " in key:
         return f"{path}[{key}]"
     return f"{path}.{key}" if path else key
 

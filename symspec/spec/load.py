@@ -92,7 +92,7 @@ def _structure(src: Source) -> Spec | None:
         return None
     for key in data:
         if key not in TOP_KEYS:
-            src.error((key,), f"unknown key '{key}'", suggest(str(key), TOP_KEYS))
+            src.error((key,), f"unknown key '{key}'", suggest(str(key), TOP_KEYS), at_key=True)
     version = data.get("symspec")
     if version is None:
         src.error((), f"missing 'symspec: {FORMAT_VERSION}' (the format version)")
@@ -143,7 +143,7 @@ def _dims(src: Source, raw: Any) -> list[DimDecl]:
     for name, expr in raw.items():
         path = ("dims", name)
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name == "config":
-            src.error(path, f"'{name}' is not a valid dimension name")
+            src.error(path, f"'{name}' is not a valid dimension name", at_key=True)
             continue
         try:
             node = parse_expr(expr)
@@ -232,7 +232,7 @@ def _spaces(src: Source, raw: Any, dim_names: set[str]) -> list[SpaceDecl]:
         path: KeyPath = ("spaces", key)
         m = _SPACE_KEY.match(str(key))
         if not m:
-            src.error(path, f"'{key}' is not a space name (write 'resid' or, per layer, 'ff[i]')")
+            src.error(path, f"'{key}' is not a space name (write 'resid' or, per layer, 'ff[i]')", at_key=True)
             continue
         name, index = m.group(1), m.group(2)
         if name in seen:
@@ -244,7 +244,7 @@ def _spaces(src: Source, raw: Any, dim_names: set[str]) -> list[SpaceDecl]:
         if isinstance(value, dict):
             for k in value:
                 if k not in ("group", "doc"):
-                    src.error((*path, k), f"a space has no field '{k}'", suggest(str(k), ["group", "doc"]))
+                    src.error((*path, k), f"a space has no field '{k}'", suggest(str(k), ["group", "doc"]), at_key=True)
             doc = str(value.get("doc", ""))
             gpath = (*path, "group")
             if "group" not in value:
@@ -280,7 +280,7 @@ def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], dim_names: set[
         if isinstance(value, dict):
             for k in value:
                 if k not in ("axes", "invariant", "doc"):
-                    src.error((*path, k), f"a parameter has no field '{k}'", suggest(str(k), ["axes", "invariant", "doc"]))
+                    src.error((*path, k), f"a parameter has no field '{k}'", suggest(str(k), ["axes", "invariant", "doc"]), at_key=True)
             doc = str(value.get("doc", ""))
             if value.get("invariant") is True:
                 if "axes" in value:

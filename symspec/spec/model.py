@@ -102,7 +102,8 @@ def _tokenize(text: str) -> list[tuple[str, str, int]]:
             break
         m = _TOKEN.match(text, pos)
         if not m or m.end() == pos:
-            raise AxisSyntaxError(f"unexpected character '{text[pos:].strip()[0]}'", pos + 1)
+            col = pos + len(text[pos:]) - len(text[pos:].lstrip())
+            raise AxisSyntaxError(f"unexpected character '{text[col]}'", col + 1)
         kind = m.lastgroup or ""
         out.append((kind, m.group(kind), m.start(kind) + 1))
         pos = m.end()

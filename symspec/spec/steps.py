@@ -87,7 +87,7 @@ def validate_step(src: Source, path: KeyPath, raw: Any, template_check: Callable
     schema = STEPS.get(kind)
     if schema is None:
         hint = suggest(str(kind), STEPS)
-        src.error(spath, f"unknown canonicalisation step '{kind}'", hint or f"known: {', '.join(STEPS)}")
+        src.error(spath, f"unknown canonicalisation step '{kind}'", hint or f"known: {', '.join(STEPS)}", at_key=True)
         return None
     if not isinstance(body, dict):
         if schema.shorthand is None:
@@ -97,7 +97,7 @@ def validate_step(src: Source, path: KeyPath, raw: Any, template_check: Callable
     out: dict[str, Any] = {}
     for key in body:
         if schema.arg(str(key)) is None:
-            src.error((*spath, key), f"{kind} has no argument '{key}'", suggest(str(key), [a.name for a in schema.args]))
+            src.error((*spath, key), f"{kind} has no argument '{key}'", suggest(str(key), [a.name for a in schema.args]), at_key=True)
     for a in schema.args:
         if a.name not in body:
             if a.required:
@@ -145,7 +145,7 @@ def _arg(src: Source, path: KeyPath, a: Arg, value: Any, template_check: Callabl
                 if key not in ("weight", "axis", "bias"):
                     from ..errors import suggest
 
-                    src.error((*ipath, key), f"a reader has no field '{key}'", suggest(str(key), ["weight", "axis", "bias"]))
+                    src.error((*ipath, key), f"a reader has no field '{key}'", suggest(str(key), ["weight", "axis", "bias"]), at_key=True)
             for sub in READER:
                 if sub.name not in item:
                     if sub.required:

@@ -31,18 +31,22 @@ class Source:
 
     file: str
     data: Any
+    #: where each value starts
     marks: dict[KeyPath, tuple[int, int]] = attrs.field(factory=dict)
+    #: where each mapping key starts
+    key_marks: dict[KeyPath, tuple[int, int]] = attrs.field(factory=dict)
     diagnostics: list[Diagnostic] = attrs.field(factory=list)
 
-    def loc(self, path: KeyPath) -> Location:
+    def loc(self, path: KeyPath, at_key: bool = False) -> Location:
         p = tuple(path)
-        while p and p not in self.marks:
+        table = self.key_marks if at_key and p in self.key_marks else self.marks
+        while p and p not in table:
             p = p[:-1]
-        line, col = self.marks.get(p, (0, 0))
+        line, col = table.get(p, (0, 0))
         return Location(self.file, line, col, path_str(tuple(path)))
 
-    def error(self, path: KeyPath, message: str, hint: str | None = None) -> None:
-        self.diagnostics.append(Diagnostic(self.loc(path), message, hint))
+    def error(self, path: KeyPath, message: str, hint: str | None = None, at_key: bool = False) -> None:
+        self.diagnostics.append(Diagnostic(self.loc(path, at_key), message, hint))
 
     def walk(self, path: KeyPath = ()) -> Iterator[KeyPath]:
         yield from (p for p in self.marks if p[: len(path)] == path)
@@ -77,7 +81,7 @@ _scalar_constructor = yaml.SafeLoader("")
 
 
 def _construct(node: yaml.Node, path: KeyPath, src: Source) -> Any:
-    src.marks.setdefault(path, _mark(node))
+    src.marks[path] = _mark(node)
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
@@ -90,7 +94,7 @@ def _construct(node: yaml.Node, path: KeyPath, src: Source) -> Any:
             child = (*path, key)
             if key in out:
                 src.diagnostics.append(Diagnostic(Location(src.file, *_mark(key_node), path_str(child)), f"duplicate key '{key}'"))
-            src.marks[child] = _mark(key_node)
+            src.key_marks[child] = _mark(key_node)
             out[key] = _construct(value_node, child, src)
         return out
     if isinstance(node, yaml.SequenceNode):
