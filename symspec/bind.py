@@ -378,6 +378,11 @@ def _bind_steps(steps: tuple[StepDecl, ...], tensors: Mapping[str, torch.Tensor]
                     if rb is not None and rb not in tensors:
                         diags.append(Diagnostic(step.loc, f"fold_norm: no parameter {rb}", suggest(rb, tensors)))
                         continue
+                    if rb is not None:
+                        want = tuple(s for k, s in enumerate(shapes[w]) if k != ax % len(shapes[w]))
+                        if tuple(shapes[rb]) != want:
+                            diags.append(Diagnostic(step.loc, f"fold_norm: {rb} has shape {list(shapes[rb])}, but {w} without axis {ax} has {list(want)}; it is not that reader's bias"))
+                            continue
                     if bias is not None and args.get("fold_bias", True) and rb is None:
                         diags.append(Diagnostic(step.loc, f"fold_norm: {w} has no bias to absorb {bias}",
                                                 "set 'fold_bias: false' to keep the norm's bias (and bind it to the space)"))

@@ -66,9 +66,10 @@ STEPS: dict[str, StepSchema] = {
         ),
         StepSchema(
             "center",
-            "Mean-centre the writers of a pre-LN residual stream along their residual axis "
-            "(pre-LN readers subtract the mean anyway); the residual then lives in the "
-            "zero-mean subspace, where OC(d) commutes with LayerNorm.",
+            "Mean-centre the writers of a pre-LN residual stream along their residual axis. "
+            "Pre-LN readers subtract the mean anyway, so the all-ones component carries no "
+            "function; removing it makes independently trained models comparable there. "
+            "The residual then lives in the zero-mean subspace.",
             (Arg("writers", "writers", True, doc="parameter -> its residual axis"),),
         ),
     )
