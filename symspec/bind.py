@@ -278,8 +278,10 @@ def _bind_param(decl: ParamDecl, name: str, caps: dict[str, int], shape: tuple[i
             continue
         if start != shape[axis]:
             parts = " + ".join(str(s) for s in sizes)
-            detail = f" ({parts})" if len(sizes) > 1 else ""
-            diags.append(Diagnostic(loc, f"{name}: axis {axis} has size {shape[axis]}, but '{expr}' expects {start}{detail}",
+            detail = f" = {parts}" if len(sizes) > 1 else ""
+            used = dict.fromkeys(f.space for seg in segments for f in seg.factors)
+            groups_txt = ", ".join(f"{u}: {spaces[u].group}" for u in used)
+            diags.append(Diagnostic(loc, f"{name}: axis {axis} has size {shape[axis]}, but '{expr}' ({groups_txt}) expects {start}{detail}",
                                     "the shape contradicts the declared dimensions; check dims and groups"))
             ok = False
             continue

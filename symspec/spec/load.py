@@ -253,7 +253,7 @@ def _spaces(src: Source, raw: Any, dim_names: set[str]) -> list[SpaceDecl]:
             value = value["group"]
         if _group_check(src, gpath, value, dim_names) is None and not isinstance(value, str):
             continue
-        out.append(SpaceDecl(name, index, value, doc, src.loc(gpath)))
+        out.append(SpaceDecl(name, index, value, doc, src.loc(gpath)))  # the group's position
     return out
 
 
@@ -293,7 +293,7 @@ def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], dim_names: set[
                 src.error(path, "give 'axes: [...]' or 'invariant: true'")
                 continue
         if value == "invariant":
-            out.append(ParamDecl(pattern, None, True, doc, src.loc(("params", pattern))))
+            out.append(ParamDecl(pattern, None, True, doc, src.loc(("params", pattern), at_key=True)))
             continue
         if isinstance(value, str):
             hint = suggest(value, ["invariant"])
@@ -319,7 +319,7 @@ def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], dim_names: set[
         if all(a is None for a in axes):
             src.error(path, "no axis is bound to a space; declare the parameter 'invariant' instead")
             continue
-        out.append(ParamDecl(pattern, tuple(axes), False, doc, src.loc(("params", pattern)), tuple(locs)))
+        out.append(ParamDecl(pattern, tuple(axes), False, doc, src.loc(("params", pattern), at_key=True), tuple(locs)))
     return out
 
 

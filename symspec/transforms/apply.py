@@ -47,7 +47,7 @@ def apply_elements(problem: Problem, elements: Mapping[str, Element],
     if unknown:
         raise KeyError(f"no such space(s): {', '.join(sorted(unknown))}")
     out = dict(state_dict)
-    done: dict[int, torch.Tensor] = {}
+    done: dict[tuple[object, ...], torch.Tensor] = {}
     tie_of = {n: g for g in problem.ties for n in g}
     for name, binding in problem.params.items():
         if name not in state_dict:
@@ -55,7 +55,7 @@ def apply_elements(problem: Problem, elements: Mapping[str, Element],
         if not binding.spaces() & set(elements):
             continue
         src = state_dict[name]
-        key = id(src)
+        key = _storage_key(src)
         if name in tie_of and key in done:
             out[name] = done[key]
             continue
@@ -64,6 +64,14 @@ def apply_elements(problem: Problem, elements: Mapping[str, Element],
         if name in tie_of:
             done[key] = out[name]
     return out
+
+
+def _storage_key(t: torch.Tensor) -> tuple[object, ...]:
+    """Tied entries of a state dict are distinct tensor objects over one storage."""
+    try:
+        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.device)
+    except (RuntimeError, NotImplementedError):
+        return (id(t),)
 
 
 def inverse_elements(problem: Problem, elements: Mapping[str, Element]) -> dict[str, Element]:
