@@ -1,0 +1,61 @@
+"""Analyzers: models evaluated along interpolation paths, loss barriers, plots and reports.
+
+The pieces, in pipeline order:
+
+- :mod:`~symspec.analyzers.data`: evaluation data and losses (character text, MNIST,
+  scikit-learn digits, a model file's own ``data()`` hook);
+- :mod:`~symspec.analyzers.interpolate`: one module instance evaluates (1-λ)·A + λ·B at
+  K points (``torch.func.functional_call``, data on the device once);
+- :mod:`~symspec.analyzers.barrier`: barriers (DESIGN §4), mean ± standard error over
+  pairs, alignment methods (``none``, ``weight``);
+- :mod:`~symspec.analyzers.report` and :mod:`~symspec.analyzers.plots`: the JSON report,
+  its schema, a markdown summary, PNG plots (matplotlib is imported only to draw).
+
+Imports are lazy, so ``import symspec.analyzers`` costs nothing until used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "load_data": "data",
+    "parse_source": "data",
+    "check_fits": "data",
+    "EvalData": "data",
+    "DataError": "data",
+    "PathEvaluator": "interpolate",
+    "PathError": "interpolate",
+    "Curve": "interpolate",
+    "interpolation_curve": "interpolate",
+    "lerp_state": "interpolate",
+    "lambdas": "interpolate",
+    "Barrier": "barrier",
+    "loss_barrier": "barrier",
+    "accuracy_barrier": "barrier",
+    "mean_stderr": "barrier",
+    "summarize": "barrier",
+    "pair_barrier": "barrier",
+    "measure": "barrier",
+    "Measurer": "barrier",
+    "PairResult": "barrier",
+    "Summary": "barrier",
+    "Aligned": "barrier",
+    "register_aligner": "barrier",
+    "BarrierReport": "report",
+    "REPORT_SCHEMA": "report",
+    "plot_results": "plots",
+    "plot_report": "plots",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'symspec.analyzers' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"symspec.analyzers.{module}"), name)
+    globals()[name] = value
+    return value

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "validate": ("symspec.cli.spec_cmds", "validate_cmd", "Validate spec files (no model needed)."),
     "specs": ("symspec.cli.spec_cmds", "specs_cmd", "List the built-in specs."),
     "schema": ("symspec.cli.spec_cmds", "schema_cmd", "Print the JSON Schema of the spec format."),
+    "barrier": ("symspec.cli.barrier", "barrier_cmd", "Loss along the line between two models, and its barrier."),
 }
 
 

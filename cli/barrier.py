@@ -1,0 +1,166 @@
+"""``symspec barrier A B --data SOURCE``: loss along (1-λ)A + λB and the barrier."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from ._common import EXIT_OK, echo_json, handle_errors, resolve_spec, stderr_console, stdout_console
+
+METHODS = ("none", "weight")
+
+
+@click.command("barrier")
+@click.argument("model_a", metavar="A")
+@click.argument("model_b", metavar="B")
+@click.option("--data", "data_arg", metavar="SOURCE",
+              help="text:PATH[,context=N], mnist:DIR[,size=N], digits, or hook (the model file's data()); "
+                   "options: ,split=0.8/0.1/0.1 and more (docs/analyzers.md). Default: the model file's data().")
+@click.option("--split", default="val", show_default=True, type=click.Choice(["train", "val", "test"]),
+              help="Which split to evaluate on.")
+@click.option("--align", "methods", multiple=True, type=click.Choice(METHODS), metavar="none|weight",
+              help="Alignment before interpolating: none (vanilla averaging) or weight (weight matching). "
+                   "Repeat to compare methods on one report and figure.  [default: none]")
+@click.option("--points", default=11, show_default=True, type=click.IntRange(min=2), metavar="K",
+              help="Evaluated values of λ, evenly spaced from 0 to 1 (both endpoints included).")
+@click.option("--pair", "pairs", multiple=True, nargs=2, metavar="A2 B2",
+              help="Another pair of the same architecture (repeatable): barriers are then reported as mean ± standard error.")
+@click.option("--model", "factory", metavar="MODEL.py",
+              help="For state-dict checkpoints: the model file whose build() makes their module "
+                   "(default: A or B when it is a model file).")
+@click.option("--spec", "spec_arg", metavar="PATH|NAME", help="Spec for --align weight (default: the model file's SPEC, else the built-in spec for the model's class).")
+@click.option("--device", default="cpu", show_default=True, help="Where to evaluate: cpu, cuda, cuda:1, ...")
+@click.option("--dtype", "dtype_name", type=click.Choice(["float32", "float64"]), help="Evaluate in this precision (default: the model's).")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1), help="Examples per forward pass.")
+@click.option("--max-samples", type=click.IntRange(min=1), help="Use at most this many examples (sequences, images) of the split.")
+@click.option("--plot", "plot_path", metavar="OUT.png", help="Write the curves (loss, and accuracy when it applies) as a PNG.")
+@click.option("--report", "report_path", metavar="OUT.json", help="Write the JSON report to a file.")
+@click.option("--markdown", "markdown_path", metavar="OUT.md", help="Write a markdown summary to a file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
+@handle_errors
+def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, methods: tuple[str, ...], points: int,
+                pairs: tuple[tuple[str, str], ...], factory: str | None, spec_arg: str | None, device: str,
+                dtype_name: str | None, batch_size: int, max_samples: int | None, plot_path: str | None,
+                report_path: str | None, markdown_path: str | None, as_json: bool) -> None:
+    """Evaluate the straight line from model A (λ=0) to model B (λ=1) and report the
+    loss barrier: the largest excess of the loss over the line between the endpoints'
+    losses, with the λ where it peaks.
+
+    A and B are model files (model.py), Hugging Face folders, or state-dict checkpoints
+    with --model. Exit 0 on success, 2 for bad input (data that do not fit the model,
+    models of different shapes, an empty split, fewer than 2 points).
+    """
+    import torch
+    from symspec.analyzers.barrier import Measurer
+    from symspec.analyzers.data import load_data
+    from symspec.analyzers.report import BarrierReport
+
+    from symspec.loading import load_model
+
+    methods = tuple(dict.fromkeys(methods)) or ("none",)
+    all_pairs = [(model_a, model_b), *pairs]
+    if factory is None:
+        factory = next((p for pair in all_pairs for p in pair if p.endswith(".py")), None)
+    started = time.perf_counter()
+    loaded = [(load_model(a, factory=factory), load_model(b, factory=factory)) for a, b in all_pairs]
+    first = loaded[0][0]
+    module = first.model_file.module if first.model_file is not None else None
+    data = load_data(data_arg, model=first.model, module=module, split=split, batch_size=batch_size,
+                     max_samples=max_samples)
+    spec = resolve_spec(spec_arg, first.model, first.spec_hint()) if "weight" in methods else None
+    dtype = {"float32": torch.float32, "float64": torch.float64}[dtype_name] if dtype_name else None
+    measurer = Measurer(data, points=points, device=device, dtype=dtype)
+
+    total = len(all_pairs) * len(methods) * measurer.batches_per_curve
+    results: dict[str, list[Any]] = {m: [] for m in methods}
+    with _progress(total, quiet=False) as advance:
+        for i, ((la, lb), (na, nb)) in enumerate(zip(loaded, all_pairs)):
+            for j, m in enumerate(methods):
+                advance(0, f"pair {i + 1}/{len(all_pairs)}, {m}")
+                results[m].append(measurer.pair(la.model, lb.model, method=m, spec=spec, pair=i, names=(na, nb),
+                                                progress=lambda n: advance(n, None), check_data=j == 0))
+    ev_dtype = next(iter(measurer._evaluators.values())).dtype if measurer._evaluators else dtype
+    report = BarrierReport.build(data, results, device=device, dtype=str(ev_dtype), seconds=time.perf_counter() - started)
+    if report_path:
+        report.write_json(report_path)
+    if markdown_path:
+        from symspec.io_util import atomic_write_text
+
+        atomic_write_text(markdown_path, report.markdown())
+    if plot_path:
+        report.plot(plot_path)
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        _print(report, written=[p for p in (plot_path, report_path, markdown_path) if p])
+    sys.exit(EXIT_OK)
+
+
+class _progress:
+    """A rich progress bar on stderr (silent when stderr is not a terminal)."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total = total
+        self.quiet = quiet
+        self.bar: Any = None
+
+    def __enter__(self) -> Any:
+        if not self.quiet:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=stderr_console(), transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("evaluating", total=self.total)
+
+        def advance(n: int, description: str | None) -> None:
+            if self.bar is not None:
+                self.bar.update(self.task, advance=n, **({"description": description} if description else {}))
+
+        return advance
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+def _print(report: Any, written: list[str]) -> None:
+    from rich.table import Table
+    from symspec.analyzers.barrier import LABELS
+
+    d = report.data
+    console = stdout_console()
+    sums = report.summaries()
+    title = (f"symspec barrier: {d['source']} ({d['split']}, {d['examples']} examples), "
+             f"{len(report.lambdas)} points, {len(report.pairs)} pair(s)")
+    table = Table(title=title, title_justify="left")
+    for col, just in (("method", "left"), ("pairs", "right"), ("loss barrier", "right"), ("peak λ", "right"),
+                      ("loss A", "right"), ("loss B", "right"), ("accuracy barrier", "right"), ("time", "right")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for m, s in sums.items():
+        rs = report.results[m]
+        se = f" ± {s.barrier_stderr:.4f}" if s.barrier_stderr is not None else ""
+        acc = "n/a" if s.accuracy_barrier_mean is None else f"{s.accuracy_barrier_mean:.4f}" + (
+            f" ± {s.accuracy_barrier_stderr:.4f}" if s.accuracy_barrier_stderr is not None else "")
+        secs = sum(r.curve.seconds + r.align_seconds for r in rs)
+        table.add_row(LABELS.get(m, m), str(s.n), f"{s.barrier_mean:.4f}{se}", f"{s.peak_lambda_mean:.2f}",
+                      f"{s.loss_a_mean:.4f}", f"{s.loss_b_mean:.4f}", acc, f"{secs:.1f} s")
+    console.print(table)
+    curves = Table(title="mean loss along the path", title_justify="left")
+    curves.add_column("λ", justify="right")
+    for m in sums:
+        curves.add_column(LABELS.get(m, m), justify="right")
+    for k, lam in enumerate(report.lambdas):
+        curves.add_row(f"{lam:.3f}", *(f"{s.loss_mean[k]:.4f}" for s in sums.values()))
+    console.print(curves)
+    for p in written:
+        console.print(f"wrote {p}")
