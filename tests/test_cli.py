@@ -1,0 +1,121 @@
+"""The command line: exit codes (0 pass, 1 a failed check, 2 bad input), JSON, laziness."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from symspec.cli.main import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT = str(ROOT / "examples" / "nanogpt.py")
+VIT = str(ROOT / "examples" / "vit.py")
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args))
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_check_passes_on_the_examples_with_json() -> None:
+    code, out, _ = run("check", GPT, "--samples", "1", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["passed"] and data["spec"] == "nanogpt"
+    code, out, _ = run("check", VIT, "--samples", "1", "--dtype", "float64")
+    assert code == 0 and "all symmetries preserve the function" in out and "float32" not in out
+
+
+def test_check_fails_with_exit_1_on_a_wrong_spec(tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text((ROOT / "specs" / "nanogpt.yaml").read_text().replace("group: S(f)", "group: O(f)"))
+    code, out, _ = run("check", GPT, "--spec", str(wrong), "--samples", "1")
+    assert code == 1
+    assert "FAIL at ff[0], ff[1]" in out and "failed: ff[*], all" in out
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    ("bad_yaml", "invalid YAML"),
+    ("no_model", "defines neither build() nor a module-level 'model'"),
+    ("mismatch", "does not fit ViT"),
+    ("missing", "no such file"),
+    ("no_builtin", "no built-in spec fits Tiny"),
+])
+def test_check_bad_input_exits_2(tmp_path: Path, setup: str, message: str) -> None:
+    args = ["check"]
+    if setup == "bad_yaml":
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("symspec: 1\nspaces: [\n")
+        args += [GPT, "--spec", str(bad)]
+    elif setup == "no_model":
+        f = tmp_path / "empty.py"
+        f.write_text("x = 1\n")
+        args += [str(f), "--spec", "nanogpt"]
+    elif setup == "mismatch":
+        args += [VIT, "--spec", "nanogpt"]
+    elif setup == "missing":
+        args += [str(tmp_path / "nope.py")]
+    else:
+        f = tmp_path / "tiny.py"
+        f.write_text("import torch\nclass Tiny(torch.nn.Linear):\n    pass\ndef build():\n    return Tiny(2, 2)\n"
+                     "def example_inputs(model, batch=2, seed=0):\n    return (torch.randn(batch, 2),)\n")
+        args += [str(f)]
+    code, _, err = run(*args)
+    assert code == 2, err
+    assert message in err
+
+
+def test_check_usage_errors_exit_2() -> None:
+    assert run("check", GPT, "--dtype", "float16")[0] == 2
+    assert run("check", GPT, "--rtol", "bogus")[0] == 2
+    code, _, err = run("check", GPT, "--space", "fff")
+    assert code == 2 and "did you mean 'ff'" in err
+
+
+def test_validate_reports_every_error_with_locations(tmp_path: Path) -> None:
+    good = ROOT / "specs" / "vit.yaml"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("symspec: 1\nname: x\nspaces:\n  resid: Orth(4)\nparams:\n  w: [residd]\n")
+    code, out, err = run("validate", str(good), str(bad))
+    assert code == 2
+    assert "vit.yaml: ok (spec 'vit')" in out
+    assert f"{bad}:4:10: spaces.resid: unknown group 'Orth'; did you mean 'O'?" in err
+    assert f"{bad}:6:7: params.w[0]: unknown space 'residd'; did you mean 'resid'?" in err
+    code, out, _ = run("validate", "nanogpt", "--json")
+    assert code == 0 and json.loads(out)[0]["valid"] is True
+
+
+def test_specs_and_schema(tmp_path: Path) -> None:
+    code, out, _ = run("specs", "--json")
+    assert code == 0 and json.loads(out)["nanogpt"]["models"] == ["GPT"]
+    code, out, _ = run("schema")
+    assert code == 0 and json.loads(out)["title"] == "symspec symmetry spec"
+    target = tmp_path / "schema.json"
+    assert run("schema", "--out", str(target))[0] == 0
+    assert json.loads(target.read_text())["required"] == ["symspec", "name", "spaces", "params"]
+
+
+def test_help_is_lazy() -> None:
+    code = (
+        "import sys; from symspec.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'cvxpy', 'matplotlib', 'transformers') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "HEAVY []" in out and "check" in out
+
+
+def test_console_script_exit_code() -> None:
+    exe = Path(sys.executable).parent / "symspec"
+    if not exe.exists():
+        pytest.skip("the symspec console script is not installed in this environment")
+    proc = subprocess.run([str(exe), "check", VIT, "--samples", "1", "--dtype", "float64", "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["passed"]
