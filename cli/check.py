@@ -6,7 +6,15 @@ import sys
 
 import click
 
-from ._common import EXIT_FAIL, EXIT_OK, echo_json, handle_errors, resolve_spec, stderr_console, stdout_console
+from ._common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    echo_json,
+    handle_errors,
+    resolve_spec,
+    stderr_console,
+    stdout_console,
+)
 
 
 def _parse_rtol(values: tuple[str, ...]) -> dict[str, float]:

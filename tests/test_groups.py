@@ -52,7 +52,7 @@ def test_group_axioms(g, seed: int) -> None:  # type: ignore[no-untyped-def]
     a, b, c = g.sample(seed), g.sample(seed + 1), g.sample(seed + 2)
     e = g.identity()
     for path in g.rep_paths():
-        m = lambda x: g.matrix(x, path)  # noqa: E731
+        m = lambda x, path=path: g.matrix(x, path)  # noqa: E731
         eye = torch.eye(g.rep_size(path), dtype=torch.float64)
         assert _close(m(e), eye)
         assert _close(m(g.compose(e, a)), m(a))

@@ -14,7 +14,17 @@ from hypothesis import strategies as st
 
 from symspec.errors import SpecError
 from symspec.spec import builtin_names, dump_spec, load_spec, loads_spec, parse_axis
-from symspec.spec.model import AxisExpr, AxisSyntaxError, Chain, DimDecl, ParamDecl, Spec, SpaceDecl, StepDecl, Term
+from symspec.spec.model import (
+    AxisExpr,
+    AxisSyntaxError,
+    Chain,
+    DimDecl,
+    ParamDecl,
+    SpaceDecl,
+    Spec,
+    StepDecl,
+    Term,
+)
 from symspec.spec.schema import json_schema
 
 MINIMAL = """\

@@ -9,8 +9,19 @@ True
 'RoPE(8, rot=4)'
 """
 
-from .base import ALIASES, REGISTRY, VARIANCES, Element, Group, Path, Variance, make_generator, parse, registry_summary
-from .classic import GL, OC, SP, D, Dpos, O, RoPE, S, centred_basis
+from .base import (
+    ALIASES,
+    REGISTRY,
+    VARIANCES,
+    Element,
+    Group,
+    Path,
+    Variance,
+    make_generator,
+    parse,
+    registry_summary,
+)
+from .classic import GL, OC, SP, D, Dpos, Id, O, RoPE, S, centred_basis
 from .heads import Heads
 from .semiperm import SemiPermutation
 
@@ -26,6 +37,7 @@ __all__ = [
     "Element",
     "Group",
     "Heads",
+    "Id",
     "O",
     "Path",
     "RoPE",

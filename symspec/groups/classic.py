@@ -171,6 +171,47 @@ class SP(Group):
         return m.shape[-1] == self.size and _perm_matrix_ok(m, atol, signed=True)
 
 
+@register
+@attrs.frozen
+class Id(Group):
+    """The trivial group Id(n), the identity only: units that may not be transformed
+    (heads that may only be permuted: ``Heads(12, Id(64))``); also what a solver's
+    restriction to permutations leaves of a group that has none (GL within heads, D)."""
+
+    kind: ClassVar[str] = "Id"
+    size: int = int_field()
+
+    @property
+    def n(self) -> int:
+        return self.size
+
+    def is_orthogonal(self, path: Path = ()) -> bool:
+        return True
+
+    def identity(self, *, batch=(), dtype=torch.float64, device=None) -> Element:
+        # one empty field: an element is still a dict of tensors with batch dimensions
+        return {"unit": torch.zeros(*batch, 0, dtype=dtype, device=device)}
+
+    def compose(self, a: Element, b: Element) -> Element:
+        return {"unit": a["unit"]}
+
+    def inverse(self, a: Element) -> Element:
+        return {"unit": a["unit"]}
+
+    def sample(self, seed=None, *, batch=(), dtype=torch.float64, device=None, cond=10.0) -> Element:
+        return self.identity(batch=batch, dtype=dtype, device=device)
+
+    def apply(self, a: Element, x: torch.Tensor, path: Path = (), variance: Variance = "co") -> torch.Tensor:
+        self._check_path(path)
+        return x
+
+    def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
+        if m.ndim < 2 or m.shape[-1] != self.size or m.shape[-2] != self.size:
+            return False
+        eye = torch.eye(self.size, dtype=m.dtype, device=m.device)
+        return bool(((m - eye).abs() <= atol).all())
+
+
 class _MatrixGroup(Group):
     """Groups whose elements are stored as their action matrix."""
 
@@ -215,7 +256,7 @@ class _MatrixGroup(Group):
 
 @register
 @attrs.frozen
-class O(_MatrixGroup):
+class O(_MatrixGroup):  # noqa: E742 - the group is called O
     """Orthogonal O(n): the residual stream of an RMSNorm model once the gain is folded."""
 
     kind: ClassVar[str] = "O"

@@ -2,15 +2,26 @@
 
 from .builtin import builtin_index, builtin_names, builtin_path, specs_for_class
 from .load import dump_spec, load_spec, loads_spec
-from .model import AxisExpr, Chain, DimDecl, ParamDecl, Spec, SpaceDecl, StepDecl, Term, TieDecl, parse_axis
+from .model import (
+    AxisExpr,
+    Chain,
+    DimDecl,
+    ParamDecl,
+    SpaceDecl,
+    Spec,
+    StepDecl,
+    Term,
+    TieDecl,
+    parse_axis,
+)
 
 __all__ = [
     "AxisExpr",
     "Chain",
     "DimDecl",
     "ParamDecl",
-    "Spec",
     "SpaceDecl",
+    "Spec",
     "StepDecl",
     "Term",
     "TieDecl",

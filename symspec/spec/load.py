@@ -18,8 +18,18 @@ from ..groups import REGISTRY, Group
 from ..groups import parse as parse_group
 from ..groups.base import ALIASES
 from .exprs import ExprError, parse_expr
-from .model import AxisExpr, AxisSyntaxError, DimDecl, ParamDecl, Spec, SpaceDecl, StepDecl, TieDecl, parse_axis
-from .steps import STEPS, validate_step
+from .model import (
+    AxisExpr,
+    AxisSyntaxError,
+    DimDecl,
+    ParamDecl,
+    SpaceDecl,
+    Spec,
+    StepDecl,
+    TieDecl,
+    parse_axis,
+)
+from .steps import validate_step
 from .yamlsrc import KeyPath, Source, load_source
 
 FORMAT_VERSION = 1
@@ -43,7 +53,7 @@ def load_spec(source: str | Path) -> Spec:
     >>> load_spec("nanogpt").name
     'nanogpt'
     """
-    from .builtin import builtin_path, builtin_names
+    from .builtin import builtin_names, builtin_path
 
     p = Path(source)
     if p.suffix in (".yaml", ".yml") or p.exists():
