@@ -169,15 +169,15 @@ def parse_source(text: str) -> DataSource:
 
 def _detect(head: str) -> str:
     p = Path(head)
-    if p.is_dir() or "idx" in p.name:
-        return "mnist"
-    if p.suffix == ".txt":
-        return "text"
     known = ", ".join(f"{k}:" for k in ("text", "mnist")) + ", digits, hook"
     if ":" in head and not p.exists():
         kind = head.partition(":")[0]
         hint = suggest(kind, KINDS)
         raise DataError(f"--data {head}: unknown data kind '{kind}'" + (f"; {hint}" if hint else f"; known: {known}"))
+    if p.is_dir() or "idx" in p.name:
+        return "mnist"
+    if p.suffix == ".txt":
+        return "text"
     if not p.exists():
         raise DataError(f"--data {head}: no such file or folder, and not a data kind ({known})")
     raise DataError(f"--data {head}: cannot tell what this file holds; prefix it with its kind ({known})")
@@ -357,6 +357,21 @@ def read_idx(path: Path) -> torch.Tensor:
     if len(raw) - header != count:
         raise DataError(f"{path}: holds {len(raw) - header} bytes of data but its header says {list(shape)} ({count})")
     return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).view(*shape)
+
+
+def write_idx(path: str | Path, array: torch.Tensor) -> Path:
+    """Write a uint8 tensor as an idx file (gzip when the name ends in .gz): the
+    inverse of :func:`read_idx`, for tests and small converted data sets."""
+    x = torch.as_tensor(array)
+    if x.dtype != torch.uint8:
+        raise DataError(f"write_idx writes unsigned bytes, got {x.dtype}")
+    if not 1 <= x.dim() <= 4:
+        raise DataError(f"write_idx writes 1 to 4 dimensions, got {x.dim()}")
+    raw = struct.pack(">HBB", 0, 0x08, x.dim()) + struct.pack(">" + "I" * x.dim(), *x.shape)
+    raw += x.contiguous().numpy().tobytes()
+    p = Path(path)
+    p.write_bytes(gzip.compress(raw, mtime=0) if p.suffix == ".gz" else raw)
+    return p
 
 
 def _find_idx(folder: Path, prefix: str, kind: str) -> Path | None:
