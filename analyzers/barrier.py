@@ -243,6 +243,11 @@ class Measurer:
         return self._evaluators[key]
 
     @property
+    def evaluated_dtype(self) -> torch.dtype | None:
+        """The precision the curves were evaluated in (None before the first)."""
+        return next(iter(self._evaluators.values())).dtype if self._evaluators else self.dtype
+
+    @property
     def batches_per_curve(self) -> int:
         return len(self.grid) * len(self.data.batches)
 

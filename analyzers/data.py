@@ -260,7 +260,9 @@ def logits_of(output: Any) -> torch.Tensor:
 def cross_entropy(output: Any, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over all targets (tokens or examples)."""
     logits = logits_of(output)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    if logits.dtype in (torch.float16, torch.bfloat16):  # half-precision logits: a float32 loss
+        logits = logits.float()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def argmax_accuracy(output: Any, targets: torch.Tensor) -> torch.Tensor:

@@ -160,7 +160,12 @@ class PathEvaluator:
         if not data.batches:
             raise PathError(f"{data.name}: the {data.split} split is empty")
         self.module = copy.deepcopy(module).to(self.device, self.dtype).eval()
-        self.names, self.alias = functional_names(self.module)
+        names, alias = functional_names(self.module)
+        # Non-persistent buffers (rotary frequencies, causal masks) are not in state dicts:
+        # functional_call keeps the module's own for them.
+        own = self.module.state_dict()
+        self.names = [k for k in names if k in own]
+        self.alias = {k: v for k, v in alias.items() if k in own and v in own}
         self.data = data.to(self.device, self.dtype)
         self.calls = 0  # batches evaluated (forward passes)
 
@@ -171,7 +176,7 @@ class PathEvaluator:
     def prepare(self, sd: Mapping[str, torch.Tensor], label: str = "the state dict") -> dict[str, torch.Tensor]:
         """``sd`` on the device, in the evaluator's dtype, one entry per tied tensor."""
         own = self.module.state_dict()
-        missing = [k for k in self.names if k not in sd and k in own]
+        missing = [k for k in self.names if k not in sd]
         if missing:
             raise PathError(f"{label} lacks {len(missing)} tensor(s) of {type(self.module).__name__}: {', '.join(missing[:4])}")
         unexpected = [k for k in sd if k not in own]
@@ -201,7 +206,8 @@ class PathEvaluator:
             out = _call(self.module, weights, inputs)
             self.calls += 1
             n = int(targets.numel())
-            total += self.data.loss(out, targets).double() * n
+            value = self.data.loss(out, targets)
+            total += (value.double() if isinstance(value, torch.Tensor) else float(value)) * n
             if has_acc:
                 acc = self.data.accuracy(out, targets)  # type: ignore[misc]
                 if isinstance(acc, torch.Tensor):

@@ -82,8 +82,8 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
                 advance(0, f"pair {i + 1}/{len(all_pairs)}, {m}")
                 results[m].append(measurer.pair(la.model, lb.model, method=m, spec=spec, pair=i, names=(na, nb),
                                                 progress=lambda n: advance(n, None), check_data=j == 0))
-    ev_dtype = next(iter(measurer._evaluators.values())).dtype if measurer._evaluators else dtype
-    report = BarrierReport.build(data, results, device=device, dtype=str(ev_dtype), seconds=time.perf_counter() - started)
+    report = BarrierReport.build(data, results, device=device, dtype=str(measurer.evaluated_dtype),
+                                 seconds=time.perf_counter() - started)
     if report_path:
         report.write_json(report_path)
     if markdown_path:

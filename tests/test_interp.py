@@ -261,3 +261,46 @@ def test_docstring_examples_run(name: str) -> None:
     module = importlib.import_module(f"symspec.analyzers.{name}")
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+class _WithBuffers(torch.nn.Module):
+    """A persistent integer buffer, a non-persistent float one (like rotary frequencies)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.lin = torch.nn.Linear(4, 3)
+        self.register_buffer("index", torch.arange(4))
+        self.register_buffer("scale", torch.full((4,), 2.0), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x[:, self.index] * self.scale)
+
+
+def test_non_persistent_buffers_come_from_the_module() -> None:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(30, 4, generator=g), torch.randint(3, (30,), generator=g)
+    data = EvalData("toy", "hook", "val", [((x,), y)], cross_entropy, None)
+    a, b = _WithBuffers(0), _WithBuffers(1)
+    assert "scale" not in a.state_dict()
+    curve = interpolation_curve(a, dict(a.state_dict()), dict(b.state_dict()), data, points=3)
+    with torch.no_grad():
+        assert curve.losses[0] == pytest.approx(float(cross_entropy(a(x), y)), rel=1e-6)
+        mid = _WithBuffers(0)
+        mid.load_state_dict(lerp_state(dict(a.state_dict()), dict(b.state_dict()), 0.5))
+        assert curve.losses[1] == pytest.approx(float(cross_entropy(mid(x), y)), rel=1e-6)
+        a.scale.fill_(3.0)  # negative control: the evaluator copied the module, so it used 2.0
+        assert curve.losses[0] != pytest.approx(float(cross_entropy(a(x), y)), rel=1e-6)
+
+
+def test_float64_losses_stay_float64_and_plain_float_losses_are_accepted() -> None:
+    logits = torch.randn(5, 3, dtype=torch.float64)
+    assert cross_entropy(logits, torch.tensor([0, 1, 2, 0, 1])).dtype == torch.float64
+    assert cross_entropy(logits.to(torch.bfloat16), torch.tensor([0, 1, 2, 0, 1])).dtype == torch.float32
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 4, generator=g), torch.randint(3, (8,), generator=g)
+    as_float = EvalData("toy", "hook", "val", [((x,), y)], lambda o, t: float(cross_entropy(o, t)), None)
+    as_tensor = EvalData("toy", "hook", "val", [((x,), y)], cross_entropy, None)
+    m = torch.nn.Linear(4, 3)
+    sd = dict(m.state_dict())
+    assert PathEvaluator(m, as_float).evaluate(sd).loss == pytest.approx(PathEvaluator(m, as_tensor).evaluate(sd).loss)
