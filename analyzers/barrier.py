@@ -118,8 +118,14 @@ def align_weight(model_a: torch.nn.Module, model_b: torch.nn.Module, *, spec: An
         raise SymspecInputError(f"--align weight needs symspec.match.weight_match, which this installation lacks ({e})") from e
     if spec is None:
         raise SymspecInputError("weight matching needs a spec (--spec, the model file's SPEC, or a built-in spec)")
+    import inspect
+
+    params = inspect.signature(weight_match).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if "device" in params or takes_any:
+        kw = {"device": device, **kw}
     start = time.perf_counter()
-    result = weight_match(model_a, model_b, spec, device=device, **kw)
+    result = weight_match(model_a, model_b, spec, **kw)
     seconds = time.perf_counter() - start
     info: dict[str, Any] = {}
     for field in ("rounds", "objective", "objectives", "history"):
