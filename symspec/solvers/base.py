@@ -1,0 +1,380 @@
+"""What every per-space solver sees: terms, their statistics, and the solver registry.
+
+Weight matching minimises ``sum_P ||A_P - g.B_P||_F^2`` over the elements of every space.
+With all spaces but one fixed, each place where that space acts (a parameter, an axis, a
+segment) becomes a *term*: the segment moved to the front and flattened, ``a`` from
+model A and ``b`` from model B with every other space applied. The space's solver then
+minimises ``sum_terms w ||a - F(g) b||^2`` where ``F(g)`` is the action of the term's
+representation and variance (``co``: rho(g), ``contra``: rho(g)^-T, ``abs``: |rho(g)|).
+
+Solvers only read the statistics of a term: ``cross = sum w a b^T``, ``gram = sum w b b^T``
+and ``a_sq = sum w ||a||^2``, each ``[*batch, n, n]`` (or ``[*batch]``). A term can hold
+the data (computed lazily, summed over parameters) or precomputed statistics, so that
+parameters no other space touches are reduced once, and a large residual term is
+reduced in the cheaper order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import torch
+
+from ..errors import SymspecInputError
+from ..groups import Element, Group, Path
+
+
+class SolverError(SymspecInputError):
+    """A matching problem the solvers cannot handle (an unsupported group or variance)."""
+
+
+#: a transform acting along the first non-batch dimension: F(g)^-1 of the current element
+Undo = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Term:
+    """Statistics of one (path, variance) class of a space's incidences.
+
+    Subclasses compute them their own way; every value is cached.
+    """
+
+    path: Path
+    variance: str
+
+    def __init__(self, path: Path, variance: str) -> None:
+        self.path = tuple(path)
+        self.variance = variance
+        self._cache: dict[Any, torch.Tensor] = {}
+
+    def _cached(self, key: Any, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+    def cross(self) -> torch.Tensor:
+        """sum w a b^T, [*batch, n, n]."""
+        return self._cached("cross", self._cross)
+
+    def gram(self) -> torch.Tensor:
+        """sum w b b^T, [*batch, n, n]."""
+        return self._cached("gram", self._gram)
+
+    def gram_blocks(self, size: int) -> torch.Tensor:
+        """The diagonal blocks of ``gram``, [*batch, n / size, size, size]."""
+        return self._cached(("gram_blocks", size), lambda: self._gram_blocks(size))
+
+    def a_sq(self) -> torch.Tensor:
+        """sum w ||a||^2, [*batch]."""
+        return self._cached("a_sq", lambda: self.rows_sq().sum(-1))
+
+    def rows_sq(self) -> torch.Tensor:
+        """sum w ||a_i||^2 per row i, [*batch, n]."""
+        return self._cached("rows_sq", self._rows_sq)
+
+    def _cross(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _gram(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _rows_sq(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _gram_blocks(self, size: int) -> torch.Tensor:
+        g = self.gram()
+        n = g.shape[-1]
+        blocks = g.reshape(*g.shape[:-2], n // size, size, n // size, size)
+        return torch.diagonal(blocks, dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+class StatTerm(Term):
+    """A term given by its statistics (``gram`` may be a callable, computed on demand)."""
+
+    def __init__(self, path: Path, variance: str, cross: torch.Tensor,
+                 gram: torch.Tensor | Callable[[], torch.Tensor], rows_sq: torch.Tensor,
+                 b_sq: torch.Tensor | None = None) -> None:
+        super().__init__(path, variance)
+        #: sum w ||b||^2 when known (what ||F(g) b||^2 is for orthogonal F)
+        self.b_sq = b_sq
+        self._c = cross
+        self._g = gram
+        self._r = rows_sq
+
+    def _cross(self) -> torch.Tensor:
+        return self._c
+
+    def _gram(self) -> torch.Tensor:
+        return self._g() if callable(self._g) else self._g
+
+    def _rows_sq(self) -> torch.Tensor:
+        return self._r
+
+
+class SumTerm(Term):
+    """Terms of one (path, variance), added up."""
+
+    def __init__(self, terms: list[Term]) -> None:
+        super().__init__(terms[0].path, terms[0].variance)
+        self.terms = terms
+
+    def _cross(self) -> torch.Tensor:
+        return _sum(t.cross() for t in self.terms)
+
+    def _gram(self) -> torch.Tensor:
+        return _sum(t.gram() for t in self.terms)
+
+    def _gram_blocks(self, size: int) -> torch.Tensor:
+        return _sum(t.gram_blocks(size) for t in self.terms)
+
+    def _rows_sq(self) -> torch.Tensor:
+        return _sum(t.rows_sq() for t in self.terms)
+
+
+@attrs.frozen
+class Piece:
+    """One incidence's data: ``a`` [n, m] from A, ``c`` [n, m] from the current B (every
+    space applied, including the one being solved), and its weight."""
+
+    a: torch.Tensor
+    c: torch.Tensor
+    weight: float = 1.0
+
+
+class DataTerm(Term):
+    """A term computed from data: pieces sharing one (path, variance), summed.
+
+    ``b = undo(c)`` removes the current element of the space being solved. When the
+    pieces are wide (m > n) and ``undo`` is a dense map, the statistics are reduced
+    first and undone on the n x n result (``fold=True``): cross = undo(C_c^T)^T.
+    """
+
+    def __init__(self, path: Path, variance: str, pieces: list[Piece], undo: Undo, fold: bool) -> None:
+        super().__init__(path, variance)
+        self.pieces = pieces
+        self.undo = undo
+        self.fold = fold
+        self._b: dict[int, torch.Tensor] = {}
+
+    def b(self, k: int) -> torch.Tensor:
+        if k not in self._b:
+            self._b[k] = self.undo(self.pieces[k].c)
+        return self._b[k]
+
+    def _cross(self) -> torch.Tensor:
+        if self.fold:
+            cc = _sum(p.weight * (p.a @ p.c.mT) for p in self.pieces)
+            return self.undo(cc.mT).mT
+        return _sum(p.weight * (p.a @ self.b(k).mT) for k, p in enumerate(self.pieces))
+
+    def _gram(self) -> torch.Tensor:
+        if self.fold:
+            gc = _sum(p.weight * (p.c @ p.c.mT) for p in self.pieces)
+            return self.undo(self.undo(gc).mT).mT
+        return _sum(p.weight * (self.b(k) @ self.b(k).mT) for k, p in enumerate(self.pieces))
+
+    def _gram_blocks(self, size: int) -> torch.Tensor:
+        if self.fold:
+            return super()._gram_blocks(size)
+        out = []
+        for k, p in enumerate(self.pieces):
+            b = self.b(k)
+            bb = b.reshape(*b.shape[:-2], b.shape[-2] // size, size, b.shape[-1])
+            out.append(p.weight * (bb @ bb.mT))
+        return _sum(out)
+
+    def _rows_sq(self) -> torch.Tensor:
+        return _sum(p.weight * p.a.square().sum(-1) for p in self.pieces)
+
+
+def _sum(xs: Any) -> torch.Tensor:
+    it = iter(xs)
+    total = next(it)
+    for x in it:
+        total = total + x
+    return total
+
+
+def merge_terms(terms: list[Term]) -> list[Term]:
+    """One term per (path, variance): statistics add up."""
+    groups: dict[tuple[Path, str], list[Term]] = defaultdict(list)
+    for t in terms:
+        groups[(t.path, t.variance)].append(t)
+    return [ts[0] if len(ts) == 1 else SumTerm(ts) for ts in groups.values()]
+
+
+# ---------------------------------------------------------------------------------------
+# timing
+
+
+class Timer:
+    """Wall-clock seconds per phase, accumulated (``with timer("assign"): ...``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - t0
+            self.calls[phase] += 1
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.seconds)
+
+
+@contextmanager
+def solver_threads(device: torch.device, threads: int) -> Iterator[None]:
+    """Run the solvers' small dense linear algebra (batched inverses, SVDs of n x n
+    statistics) with few CPU threads: on a loaded machine, OpenMP-parallel LAPACK over
+    small matrices is up to 10x slower than one thread (measured on these CPUs)."""
+    before = torch.get_num_threads()
+    if device.type != "cpu" or threads <= 0 or threads >= before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@attrs.define
+class SolveContext:
+    """Per-run settings and instruments handed to every solver."""
+
+    device: torch.device = attrs.field(factory=lambda: torch.device("cpu"))
+    dtype: torch.dtype = torch.float64
+    timer: Timer = attrs.field(factory=Timer)
+    #: Gauss-Newton iterations per solve of a GL map (the iteration resumes next round)
+    max_iter: int = 10
+    #: CPU threads for the solvers' own linear algebra (0: leave torch's setting)
+    threads: int = 1
+
+
+# ---------------------------------------------------------------------------------------
+# the registry
+
+SolverFn = Callable[[Group, list[Term], Element, SolveContext], Element]
+#: solve several spaces of one group at once: [(terms, current)] -> [element]
+ManyFn = Callable[[Group, list[tuple[list[Term], Element]], SolveContext], list[Element]]
+
+
+@attrs.frozen
+class SolverEntry:
+    """How to solve one group kind.
+
+    ``cheap_apply``: the action costs O(size of the data) (permutations, diagonal,
+    block-local maps), so undoing it on data beats reducing first. ``batched``: the solver
+    vectorises over leading batch dimensions, so independent spaces of one group are
+    stacked and solved in one call. ``solve_many``: a kind-specific way to solve several
+    spaces at once (head groups batch their within-head problems across layers).
+    """
+
+    solve: SolverFn
+    cheap_apply: bool
+    batched: bool = False
+    solve_many: ManyFn | None = None
+
+
+SOLVERS: dict[str, SolverEntry] = {}
+
+
+def solver(*kinds: str, cheap_apply: bool, batched: bool = False) -> Callable[[SolverFn], SolverFn]:
+    """Register a solver for group kinds: ``fn(group, terms, current, ctx) -> element``."""
+
+    def deco(fn: SolverFn) -> SolverFn:
+        for k in kinds:
+            SOLVERS[k] = SolverEntry(fn, cheap_apply, batched)
+        return fn
+
+    return deco
+
+
+def solver_many(*kinds: str) -> Callable[[ManyFn], ManyFn]:
+    """Register a many-spaces solver for kinds that already have a solver."""
+
+    def deco(fn: ManyFn) -> ManyFn:
+        for k in kinds:
+            SOLVERS[k] = attrs.evolve(SOLVERS[k], solve_many=fn)
+        return fn
+
+    return deco
+
+
+class StackTerm(Term):
+    """Terms of several independent problems stacked along a new leading batch dimension."""
+
+    def __init__(self, terms: list[Term]) -> None:
+        super().__init__(terms[0].path, terms[0].variance)
+        self.terms = terms
+
+    def _cross(self) -> torch.Tensor:
+        return torch.stack([t.cross() for t in self.terms])
+
+    def _gram(self) -> torch.Tensor:
+        return torch.stack([t.gram() for t in self.terms])
+
+    def _gram_blocks(self, size: int) -> torch.Tensor:
+        return torch.stack([t.gram_blocks(size) for t in self.terms])
+
+    def _rows_sq(self) -> torch.Tensor:
+        return torch.stack([t.rows_sq() for t in self.terms])
+
+
+def stack_elements(elements: list[Element]) -> Element:
+    return {k: torch.stack([e[k] for e in elements]) for k in elements[0]}
+
+
+def unstack_element(e: Element, count: int) -> list[Element]:
+    return [{k: v[i] for k, v in e.items()} for i in range(count)]
+
+
+def solve_stacked(group: Group, problems: list[tuple[list[Term], Element]], ctx: SolveContext) -> list[Element]:
+    """Solve independent problems of one group in one call (same term layout required)."""
+    entry = solver_for(group)
+    terms = [StackTerm([ts[i] for ts, _ in problems]) for i in range(len(problems[0][0]))]
+    current = stack_elements([e for _, e in problems])
+    return unstack_element(entry.solve(group, terms, current, ctx), len(problems))
+
+
+def solver_for(group: Group) -> SolverEntry:
+    entry = SOLVERS.get(group.kind)
+    if entry is None:
+        raise SolverError(f"no weight-matching solver for {group} (kinds with one: {', '.join(sorted(SOLVERS))})")
+    return entry
+
+
+def objective(group: Group, terms: list[Term], element: Element) -> torch.Tensor:
+    """sum_terms w ||a - F(g) b||^2 from the statistics, per batch entry [*batch]."""
+    total: torch.Tensor | None = None
+    for t in terms:
+        f = group.matrix(element, t.path, t.variance).to(t.cross().dtype)  # type: ignore[arg-type]
+        val = t.a_sq() - 2 * (f * t.cross()).sum((-1, -2)) + ((f @ t.gram()) * f).sum((-1, -2))
+        total = val if total is None else total + val
+    assert total is not None
+    return total
+
+
+def variances(terms: list[Term]) -> set[str]:
+    return {t.variance for t in terms}
+
+
+def require_variances(group: Group, terms: list[Term], allowed: set[str]) -> None:
+    bad = variances(terms) - allowed
+    if bad:
+        raise SolverError(f"weight matching for {group} does not support {', '.join(sorted(bad))} terms")
+
+
+@solver("Id", cheap_apply=True)
+def solve_trivial(group: Group, terms: list[Term], current: Element, ctx: SolveContext) -> Element:
+    """The trivial group has one element."""
+    return current

@@ -1,0 +1,183 @@
+"""Heads(H, parts..., kv=K): a head permutation, then each part's within-head maps.
+
+1. The head permutation comes from an assignment on a similarity of heads that the
+   within-head maps cannot change. For a part whose terms act on both sides of a pairing
+   (QK: queries ``co``, keys ``contra``; OV: values ``co``, the output projection
+   ``contra``) it is the inner product of the per-head circuits ``Co_h^T Ct_h``
+   (W_Q^T W_K, W_V^T W_O^T: GL-invariant), computed from dh x dh blocks of the
+   cross-covariances, ``<Co_a Co_b^T, Ct_a Ct_b^T>``, never from d x d circuits. Parts
+   whose within group is orthogonal use the value of the best within-head map (the
+   nuclear norm of the block); the trivial group uses the trace (exact); a one-sided
+   non-orthogonal part the least-squares fit ``tr(C G^-1 C^T)``.
+2. With grouped-query attention (K < H) the assignment is nested: for every pair of
+   key/value groups, an inner assignment of their query heads; then the outer one.
+3. With the permutation fixed, each part's within-head elements are solved by the
+   within group's own solver, batched over the K key/value heads.
+
+The aligned model keeps its architecture: no head is widened or split.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..groups import Element, Group, Heads
+from .assignment import assign
+from .base import SolveContext, StatTerm, Term, solve_stacked, solver, solver_many
+
+
+def _blocks(c: torch.Tensor, heads: int, dh: int) -> torch.Tensor:
+    """[heads*dh, heads*dh] -> [heads, heads, dh, dh] (block (a, b))."""
+    return c.reshape(heads, dh, heads, dh).permute(0, 2, 1, 3)
+
+
+def _to_query(x: torch.Tensor, kv: int, gs: int) -> torch.Tensor:
+    """Key/value-level blocks [K, K, ...] broadcast to query heads [H, H, ...]."""
+    if gs == 1:
+        return x
+    rest = x.shape[2:]
+    y = x[:, None, :, None].expand(kv, gs, kv, gs, *rest)
+    return y.reshape(kv * gs, kv * gs, *rest)
+
+
+def _part_terms(group: Heads, terms: list[Term]) -> dict[str, list[tuple[Term, bool]]]:
+    """part name -> [(term, is_kv_view)]."""
+    out: dict[str, list[tuple[Term, bool]]] = {name: [] for name, _ in group.parts}
+    for t in terms:
+        kv_view = bool(t.path) and t.path[-1] == "kv"
+        name = t.path[0] if t.path and t.path[0] != "kv" else ""
+        out[name].append((t, kv_view))
+    return out
+
+
+def head_similarity(group: Heads, terms: list[Term]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(S [H, H], S_kv [K, K]): how well head b of B fits head a of A (larger: better)."""
+    h, k, gs = group.heads, group.kv, group.group_size
+    sq: torch.Tensor | None = None
+    skv: torch.Tensor | None = None
+    for name, pts in _part_terms(group, terms).items():
+        if not pts:
+            continue
+        within = group.part(name)
+        dh = within.n
+        ref = pts[0][0].cross()
+        zeros_q = torch.zeros(h, h, dtype=ref.dtype, device=ref.device)
+        if within.kind == "Id":
+            # exact: the objective is -2 tr(C_ab) + constants
+            for t, kv_view in pts:
+                tr = torch.diagonal(_blocks(t.cross(), k if kv_view else h, dh), dim1=-2, dim2=-1).sum(-1)
+                if kv_view:
+                    skv = tr if skv is None else skv + tr
+                else:
+                    sq = tr if sq is None else sq + tr
+            continue
+        blocks = {"co": None, "contra": None}
+        grams = {"co": None, "contra": None}
+        for t, kv_view in pts:
+            var = "co" if within.is_orthogonal() else t.variance
+            b = _blocks(t.cross(), k if kv_view else h, dh)
+            b = _to_query(b, k, gs) if kv_view else b
+            blocks[var] = b if blocks[var] is None else blocks[var] + b
+        if blocks["co"] is not None and blocks["contra"] is not None:
+            part = (blocks["co"] * blocks["contra"]).sum((-1, -2))
+        elif within.is_orthogonal():
+            part = torch.linalg.matrix_norm(blocks["co"].to(torch.float64), ord="nuc").to(ref.dtype)  # type: ignore[union-attr]
+        else:
+            var = "co" if blocks["co"] is not None else "contra"
+            for t, kv_view in pts:
+                g = t.gram_blocks(dh)
+                g = g[None].expand(k, *g.shape) if kv_view else g[None].expand(h, *g.shape)
+                g = _to_query(g, k, gs) if kv_view else g
+                grams[var] = g if grams[var] is None else grams[var] + g
+            c = blocks[var].to(torch.float64)  # type: ignore[union-attr]
+            g = grams[var].to(torch.float64)  # type: ignore[union-attr]
+            lam = torch.diagonal(g, dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300) * 1e-12
+            sol = torch.linalg.solve(g + lam[..., None, None] * torch.eye(dh, dtype=g.dtype, device=g.device), c.mT)
+            part = (c * sol.mT).sum((-1, -2)).to(ref.dtype)
+        sq = part + (sq if sq is not None else zeros_q)
+    if sq is None:
+        sq = torch.zeros(h, h, dtype=torch.float64)
+    if skv is None:
+        skv = torch.zeros(k, k, dtype=sq.dtype, device=sq.device)
+    return sq, skv
+
+
+def assign_heads(group: Heads, sq: torch.Tensor, skv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(perm [K], qperm [K, H/K]) maximising the summed similarity (nested under GQA)."""
+    k, gs = group.kv, group.group_size
+    if gs == 1:
+        perm = assign(sq + skv)
+        return perm, torch.zeros(k, 1, dtype=torch.int64, device=perm.device)
+    s4 = sq.reshape(k, gs, k, gs).permute(0, 2, 1, 3)  # [j, j', t, t']
+    inner = assign(s4)  # [j, j', t]
+    value = torch.gather(s4, -1, inner.unsqueeze(-1)).squeeze(-1).sum(-1)  # [j, j']
+    perm = assign(value + skv)
+    qperm = inner[torch.arange(k, device=perm.device), perm]
+    return perm, qperm
+
+
+def _within_terms(group: Heads, name: str, pts: list[tuple[Term, bool]], perm: torch.Tensor,
+                  qperm: torch.Tensor) -> list[Term]:
+    """Statistics of the within-head problem of each new key/value head j (batch [K])."""
+    h, k, gs = group.heads, group.kv, group.group_size
+    dh = group.part(name).n
+    out: list[Term] = []
+    jj = torch.arange(k, device=perm.device)
+    for t, kv_view in pts:
+        if kv_view:
+            c = _blocks(t.cross(), k, dh)[jj, perm]  # [K, dh, dh]
+            g = t.gram_blocks(dh)[perm]
+            r = t.rows_sq().reshape(k, dh)
+        else:
+            src = perm[:, None] * gs + qperm  # [K, gs]: the old query head of new (j, t)
+            dst = jj[:, None] * gs + torch.arange(gs, device=perm.device)
+            c = _blocks(t.cross(), h, dh)[dst, src].sum(1)
+            g = t.gram_blocks(dh)[src].sum(1)
+            r = t.rows_sq().reshape(k, gs, dh).sum(1)
+        out.append(StatTerm((), t.variance, c, g, r))
+    return out
+
+
+@solver("Heads", cheap_apply=True)
+def solve_heads(group: Group, terms: list[Term], current: Element, ctx: SolveContext) -> Element:
+    return solve_heads_many(group, [(terms, current)], ctx)[0]
+
+
+@solver_many("Heads")
+def solve_heads_many(group: Group, problems: list[tuple[list[Term], Element]], ctx: SolveContext) -> list[Element]:
+    """Head permutations space by space; the within-head problems of all spaces batched."""
+    assert isinstance(group, Heads)
+    perms: list[tuple[torch.Tensor, torch.Tensor]] = []
+    # part -> signature -> [(problem index, within terms, warm start)]
+    within: dict[str, dict[tuple[tuple[tuple[str, ...], str], ...], list[tuple[int, list[Term], Element]]]] = {}
+    starts: list[dict[str, Element]] = []
+    for i, (terms, current) in enumerate(problems):
+        if not terms:
+            perms.append((current["perm"], current["qperm"]))
+            starts.append({name: group.within(current, name) for name, _ in group.parts})
+            continue
+        with ctx.timer("heads:similarity"):
+            sq, skv = head_similarity(group, terms)
+        with ctx.timer("assign"):
+            perm, qperm = assign_heads(group, sq, skv)
+        perm = perm.to(current["perm"].device)
+        qperm = qperm.to(current["qperm"].device)
+        perms.append((perm, qperm))
+        # warm start: the element that acted on the same old head before
+        old_slot = torch.argsort(current["perm"])[perm]
+        start = {name: {key: v[old_slot] for key, v in group.within(current, name).items()} for name, _ in group.parts}
+        starts.append(start)
+        for name, pts in _part_terms(group, terms).items():
+            if not pts:
+                continue
+            wterms = _within_terms(group, name, pts, perm, qperm)
+            sig = tuple((t.path, t.variance) for t in wterms)
+            within.setdefault(name, {}).setdefault(sig, []).append((i, wterms, start[name]))
+    solved: list[dict[str, Element]] = [dict(s) for s in starts]
+    for name, by_sig in within.items():
+        wgroup = group.part(name)
+        for items in by_sig.values():
+            results = solve_stacked(wgroup, [(wt, st) for _, wt, st in items], ctx)
+            for (i, _, _), e in zip(items, results):
+                solved[i][name] = e
+    return [group._assemble(perm, qperm, solved[i]) for i, (perm, qperm) in enumerate(perms)]

@@ -1,0 +1,358 @@
+"""Non-compact groups: GL(n), diagonal scalings D(n)/Dpos(n) and the RoPE commutant.
+
+A map X that acts as X on some terms (``co``) and as X^-T on others (``contra``; the
+dual side of a QK pairing, the input axis of the next layer) gives the objective
+
+    f(X) = sum_co w||a - X b||^2 + sum_contra w||a - X^-T b||^2,
+
+with no closed form when both kinds are present. Each solver starts from the best of
+closed-form least-squares candidates (the co side alone: X = C G^-1; the contra side
+alone: X^-T = C G^-1; the identity; the current element) and then
+
+- GL: runs a batched Gauss-Newton iteration on the group (each step solves a Sylvester
+  equation exactly) with a backtracking (Armijo) line search on the exact objective;
+  steps that lose invertibility have an infinite objective and are rejected, so the
+  iteration is monotone and stays in the group;
+- D, Dpos: minimise each coordinate exactly (the stationary points of a quartic);
+- RoPE: minimise each frequency pair's complex scalar exactly over its phase, and over
+  its modulus by a grid and a golden-section search; the unrotated dims are a GL block.
+
+All of it runs on the n x n statistics (never on the weights), in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from ..groups import Element, Group, RoPE
+from .base import SolveContext, Term, require_variances, solver
+
+Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # cross, gram, a_sq
+
+
+def _stats(terms: list[Term], variance: str, batch: tuple[int, ...], n: int, device: torch.device) -> Stats | None:
+    sel = [t for t in terms if t.variance == variance]
+    if not sel:
+        return None
+    c = sum(t.cross().to(torch.float64) for t in sel)
+    g = sum(t.gram().to(torch.float64) for t in sel)
+    a = sum(t.a_sq().to(torch.float64) for t in sel)
+    return (c.reshape(-1, n, n), g.reshape(-1, n, n), a.reshape(-1))  # type: ignore[union-attr]
+
+
+def _quad(x: torch.Tensor, s: Stats) -> torch.Tensor:
+    """||a - X b||^2 summed, from the statistics: a_sq - 2<X, C> + <X G, X>."""
+    c, g, a = s
+    return a - 2 * (x * c).sum((-1, -2)) + ((x @ g) * x).sum((-1, -2))
+
+
+def _ls(s: Stats) -> torch.Tensor:
+    """The least-squares X for ||a - X b||: X = C G^-1 (lightly regularised)."""
+    c, g, _ = s
+    n = g.shape[-1]
+    lam = (torch.diagonal(g, dim1=-2, dim2=-1).sum(-1) / n).clamp_min(1e-300) * 1e-12
+    eye = torch.eye(n, dtype=g.dtype, device=g.device)
+    return torch.linalg.solve(g + lam[:, None, None] * eye, c.mT).mT
+
+
+# ---------------------------------------------------------------------------------------
+# batched L-BFGS on independent problems
+
+
+FunGrad = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+# ---------------------------------------------------------------------------------------
+# GL(n)
+
+
+def _gl_fun_grad(co: Stats | None, ct: Stats | None) -> FunGrad:
+    """f(X) = sum_co ||a - X b||^2 + sum_contra ||a - X^-T b||^2 and its gradient [B, n, n],
+    from the statistics: with Y = X^-T and R = 2 (Y G - C), d/dX of the contra part is
+    -(X^-1 R X^-1)^T. A singular X has f = inf."""
+
+    def fg(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        total = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+        grad = torch.zeros_like(x)
+        if co is not None:
+            c, g, a = co
+            xg = x @ g
+            total = total + a + ((xg - 2 * c) * x).sum((-1, -2))
+            grad = grad + 2 * (xg - c)
+        if ct is not None:
+            c, g, a = ct
+            inv, info = torch.linalg.inv_ex(x)
+            y = inv.mT
+            yg = y @ g
+            total = torch.where(info == 0, total + a + ((yg - 2 * c) * y).sum((-1, -2)), torch.inf)
+            grad = grad - (inv @ (2 * (yg - c)) @ inv).mT
+        return total, grad
+
+    return fg
+
+
+def gauss_newton_gl(co: Stats, ct: Stats, x0: torch.Tensor, *, max_iter: int = 10,
+                    rtol: float = 1e-10) -> tuple[torch.Tensor, torch.Tensor]:
+    """Minimise f(X) (co and contra terms) for B independent X [B, n, n] from ``x0``.
+
+    Gauss-Newton on the group: the step is X <- (I + tE) X, where E minimises the
+    linearised residuals ``||r_co - E X b||^2 + ||r_contra + E^T X^-T b||^2``. Its normal
+    equations are the Sylvester equation ``M E + E S = -grad_E / 2`` with
+    ``M = Y G_contra Y^T``, ``S = X G_co X^T`` (Y = X^-T), solved exactly by two symmetric
+    eigendecompositions. A backtracking (Armijo) line search on the exact objective makes
+    every step decrease f; singular trial points have f = inf and are rejected, so X stays
+    invertible. A problem stops when a step gains less than ``rtol`` (relative).
+    """
+    fg = _gl_fun_grad(co, ct)
+    x = x0.clone()
+    f, grad = fg(x)
+    active = torch.isfinite(f)
+    eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+    tiny = torch.finfo(x.dtype).tiny
+    for _ in range(max_iter):
+        if not bool(active.any()):
+            break
+        inv, _ = torch.linalg.inv_ex(x)
+        y = inv.mT
+        lam, u = torch.linalg.eigh(y @ ct[1] @ y.mT)
+        sig, v = torch.linalg.eigh(x @ co[1] @ x.mT)
+        g_e = grad @ x.mT
+        den = (lam[:, :, None] + sig[:, None, :]).clamp_min(0)
+        den = den + 1e-12 * den.amax((-1, -2), keepdim=True).clamp_min(tiny)
+        e = -u @ ((u.mT @ g_e @ v) / (2 * den)) @ v.mT
+        gd = (g_e * e).sum((-1, -2))
+        t = torch.ones_like(f)
+        pending = active & (gd < 0)
+        x_new, f_new, g_new = x.clone(), f.clone(), grad.clone()
+        for _ in range(40):
+            trial = (eye + t[:, None, None] * e) @ x
+            ft, gt = fg(trial)
+            ok = pending & torch.isfinite(ft) & (ft <= f + 1e-4 * t * gd)
+            x_new[ok], f_new[ok], g_new[ok] = trial[ok], ft[ok], gt[ok]
+            pending &= ~ok
+            if not bool(pending.any()):
+                break
+            t = torch.where(pending, t * 0.5, t)
+        moved = active & (f_new < f)
+        decrease = f - f_new
+        x, f, grad = x_new, f_new, g_new
+        active = moved & (decrease > rtol * f.abs().clamp_min(tiny))
+    return x, f
+
+
+def minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx: SolveContext) -> torch.Tensor:
+    """The best X [B, n, n] for co terms (X) and contra terms (X^-T), from ``current``."""
+    n = current.shape[-1]
+    fg = _gl_fun_grad(co, ct)
+    eye = torch.eye(n, dtype=current.dtype, device=current.device).expand_as(current)
+    cands = [current, eye]
+    if co is not None:
+        cands.append(_ls(co))
+    if ct is not None:
+        inv, info = torch.linalg.inv_ex(_ls(ct))
+        cands.append(torch.where((info == 0)[:, None, None], inv.mT, eye))
+    vals = torch.stack([fg(c)[0] for c in cands])  # [K, B]
+    vals = torch.where(torch.isfinite(vals), vals, torch.inf)
+    best = vals.argmin(0)
+    x0 = torch.stack(cands)[best, torch.arange(current.shape[0], device=current.device)]
+    if co is None or ct is None:
+        return x0  # one-sided: least squares is the minimiser
+    with ctx.timer("iterate"):
+        x, _ = gauss_newton_gl(co, ct, x0, max_iter=ctx.max_iter)
+    return x
+
+
+@solver("GL", cheap_apply=False, batched=True)
+def solve_gl(group: Group, terms: list[Term], current: Element, ctx: SolveContext) -> Element:
+    require_variances(group, terms, {"co", "contra"})
+    m = current["matrix"]
+    batch, n = tuple(m.shape[:-2]), group.n
+    co = _stats(terms, "co", batch, n, m.device)
+    ct = _stats(terms, "contra", batch, n, m.device)
+    if co is None and ct is None:
+        return current
+    x = minimize_gl(co, ct, m.to(torch.float64).reshape(-1, n, n), ctx)
+    return {"matrix": x.reshape(m.shape).to(m.dtype)}
+
+
+# ---------------------------------------------------------------------------------------
+# D(n), Dpos(n): per coordinate, exactly
+
+
+def _diag(s: Stats | None, batch_n: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    if s is None:
+        z = torch.zeros(batch_n, dtype=torch.float64, device=device)
+        return z, z
+    c, g, _ = s
+    return torch.diagonal(c, dim1=-2, dim2=-1), torch.diagonal(g, dim1=-2, dim2=-1)
+
+
+def _diag_value(d: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """f(d) - const for candidates d [..., K] (coefficients broadcast on the last dim)."""
+    inv = 1.0 / torch.where(d == 0, 1.0, d)
+    val = (p["g_co"] + p["g_ab"]) * d**2 - 2 * p["c_co"] * d - 2 * p["c_ab"] * d.abs()
+    val = val + p["g_ct"] * inv**2 - 2 * p["c_ct"] * inv
+    return torch.where(torch.isfinite(val) & (d != 0), val, torch.inf)
+
+
+def _quartic_real_parts(c4: torch.Tensor, c3: torch.Tensor, c1: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """Real parts of the roots of c4 x^4 + c3 x^3 + c1 x + c0 (c4 > 0), [..., 4]."""
+    safe = torch.where(c4 > 0, c4, 1.0)
+    comp = torch.zeros(*c4.shape, 4, 4, dtype=torch.float64, device=c4.device)
+    comp[..., 0, 0] = -c3 / safe
+    comp[..., 0, 2] = -c1 / safe
+    comp[..., 0, 3] = -c0 / safe
+    comp[..., 1, 0] = 1
+    comp[..., 2, 1] = 1
+    comp[..., 3, 2] = 1
+    roots = torch.linalg.eigvals(comp).real
+    return torch.where((c4 > 0)[..., None], roots, torch.nan)
+
+
+def _solve_diagonal(group: Group, terms: list[Term], current: Element, ctx: SolveContext, positive: bool) -> Element:
+    require_variances(group, terms, {"co", "contra", "abs"})
+    d0 = current["diag"]
+    shape = tuple(d0.shape)
+    n = group.n
+    flat = (int(torch.tensor(shape[:-1]).prod()) if len(shape) > 1 else 1, n)
+    stats = {v: _stats(terms, v, shape[:-1], n, d0.device) for v in ("co", "contra", "abs")}
+    c_co, g_co = _diag(stats["co"], flat, d0.device)
+    c_ct, g_ct = _diag(stats["contra"], flat, d0.device)
+    c_ab, g_ab = _diag(stats["abs"], flat, d0.device)
+    cur = d0.to(torch.float64).reshape(flat)
+    cands = [cur]
+    signs = (1.0,) if positive else (1.0, -1.0)
+    for sigma in signs:
+        a4 = g_co + g_ab
+        b3 = c_co + sigma * c_ab
+        # stationary points of f on the branch sign(d) = sigma: a4 d^4 - b3 d^3 + c_ct d - g_ct = 0
+        cands.append(_quartic_real_parts(a4, -b3, c_ct, -g_ct))
+        cands.append((b3 / a4).unsqueeze(-1))
+        cands.append((g_ct / c_ct).unsqueeze(-1))
+    cand = torch.cat([c if c.ndim == 3 else c.unsqueeze(-1) for c in cands], -1)  # [B, n, K]
+    cand = torch.nan_to_num(cand, nan=0.0, posinf=0.0, neginf=0.0)
+    if positive:
+        cand = torch.where(cand > 0, cand, 0.0)
+    coef = {k: v.unsqueeze(-1) for k, v in {"g_co": g_co, "c_co": c_co, "g_ct": g_ct, "c_ct": c_ct, "g_ab": g_ab, "c_ab": c_ab}.items()}
+    # polish every candidate with Newton steps on f' (keeping those that do not improve)
+    for _ in range(3):
+        d = cand
+        inv = 1.0 / torch.where(d == 0, 1.0, d)
+        sgn = torch.sign(d)
+        f1 = 2 * (coef["g_co"] + coef["g_ab"]) * d - 2 * coef["c_co"] - 2 * coef["c_ab"] * sgn - 2 * coef["g_ct"] * inv**3 + 2 * coef["c_ct"] * inv**2
+        f2 = 2 * (coef["g_co"] + coef["g_ab"]) + 6 * coef["g_ct"] * inv**4 - 4 * coef["c_ct"] * inv**3
+        step = torch.where((f2 > 0) & (d != 0), f1 / torch.where(f2 > 0, f2, 1.0), 0.0)
+        moved = d - step
+        keep = (_diag_value(moved, coef) <= _diag_value(d, coef)) & (torch.sign(moved) == sgn)
+        cand = torch.where(keep, moved, d)
+    vals = _diag_value(cand, coef)
+    best = vals.argmin(-1, keepdim=True)
+    d = torch.gather(cand, -1, best).squeeze(-1)
+    # coordinates without any term keep their value
+    free = (g_co + g_ct + g_ab) == 0
+    d = torch.where(free, cur, d)
+    return {"diag": d.reshape(shape).to(d0.dtype)}
+
+
+@solver("D", cheap_apply=True, batched=True)
+def solve_diagonal(group: Group, terms: list[Term], current: Element, ctx: SolveContext) -> Element:
+    return _solve_diagonal(group, terms, current, ctx, positive=False)
+
+
+@solver("Dpos", cheap_apply=True, batched=True)
+def solve_positive_diagonal(group: Group, terms: list[Term], current: Element, ctx: SolveContext) -> Element:
+    return _solve_diagonal(group, terms, current, ctx, positive=True)
+
+
+# ---------------------------------------------------------------------------------------
+# RoPE commutant
+
+
+def _pair_stats(s: Stats | None, i1: torch.Tensor, i2: torch.Tensor, shape: tuple[int, int],
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per pair: the complex correlation c = p + iq and g = tr(G_pair), so that
+    ||a - z b||^2 = const - 2 Re(z conj(c)) + |z|^2 g for the pair block aI + bJ."""
+    if s is None:
+        z = torch.zeros(shape, dtype=torch.float64, device=device)
+        return torch.complex(z, z), z
+    c, g, _ = s
+    c11, c22 = c[:, i1, i1], c[:, i2, i2]
+    c12, c21 = c[:, i1, i2], c[:, i2, i1]
+    return torch.complex(c11 + c22, c21 - c12), g[:, i1, i1] + g[:, i2, i2]
+
+
+def _rope_pair_value(z: torch.Tensor, c: torch.Tensor, g: torch.Tensor, cc: torch.Tensor, gc: torch.Tensor) -> torch.Tensor:
+    r2 = z.real**2 + z.imag**2
+    val = g * r2 - 2 * (z * c.conj()).real
+    u = z / r2
+    val = val + gc * (u.real**2 + u.imag**2) - 2 * (u * cc.conj()).real
+    return torch.where(torch.isfinite(val) & (r2 > 0), val, torch.inf)
+
+
+@solver("RoPE", cheap_apply=True, batched=True)
+def solve_rope(group: Group, terms: list[Term], current: Element, ctx: SolveContext) -> Element:
+    assert isinstance(group, RoPE)
+    require_variances(group, terms, {"co", "contra"})
+    batch = tuple(current["a"].shape[:-1])
+    n, k = group.n, group.rot // 2
+    co = _stats(terms, "co", batch, n, current["a"].device)
+    ct = _stats(terms, "contra", batch, n, current["a"].device)
+    if co is None and ct is None:
+        return current
+    out = dict(current)
+    bsz = co[0].shape[0] if co is not None else ct[0].shape[0]  # type: ignore[index]
+    if k:
+        i1, i2 = (p.to(current["a"].device) for p in group.pairs)
+        c, g = _pair_stats(co, i1, i2, (bsz, k), i1.device)
+        cc, gc = _pair_stats(ct, i1, i2, (bsz, k), i1.device)
+        a0 = current["a"].to(torch.float64).reshape(bsz, k)
+        b0 = current["b"].to(torch.float64).reshape(bsz, k)
+        z0 = torch.complex(a0, b0)
+        # With z = r e^{i theta}: f = g r^2 + gc / r^2 - 2 Re(e^{i theta} conj(r c + cc / r)); the
+        # best phase is arg(r c + cc / r), leaving h(r) = g r^2 + gc / r^2 - 2 |r c + cc / r|.
+        def h(r: torch.Tensor) -> torch.Tensor:
+            return g[..., None] * r**2 + gc[..., None] / r**2 - 2 * (r * c[..., None] + cc[..., None] / r).abs()
+
+        r_co = torch.where(g > 0, c.abs() / torch.where(g > 0, g, 1.0), torch.nan)
+        r_ct = torch.where(cc.abs() > 0, gc / torch.where(cc.abs() > 0, cc.abs(), 1.0), torch.nan)
+        ref = torch.stack([r_co, r_ct, z0.abs()], -1)
+        ref = torch.where(torch.isfinite(ref) & (ref > 0), ref, torch.nan)
+        lo = torch.nan_to_num(ref.nan_to_num(nan=math.inf).amin(-1), posinf=1.0).clamp_min(1e-150) / 100
+        hi = torch.nan_to_num(ref.nan_to_num(nan=0.0).amax(-1), nan=1.0).clamp_min(1e-150) * 100
+        hi = torch.maximum(hi, lo * 1e4)
+        grid = torch.linspace(0, 1, 65, dtype=torch.float64, device=g.device)
+        logr = lo.log()[..., None] + (hi.log() - lo.log())[..., None] * grid
+        vals = h(logr.exp())
+        j = vals.argmin(-1, keepdim=True)
+        step = (hi.log() - lo.log())[..., None] / 64
+        left = torch.gather(logr, -1, j) - step
+        right = torch.gather(logr, -1, j) + step
+        phi = (math.sqrt(5) - 1) / 2
+        for _ in range(60):
+            m1 = right - phi * (right - left)
+            m2 = left + phi * (right - left)
+            better = h(m1.exp()) < h(m2.exp())
+            right = torch.where(better, m2, right)
+            left = torch.where(better, left, m1)
+        r = ((left + right) / 2).exp().squeeze(-1)
+        w = r * c + cc / r
+        phase = torch.where(w.abs() > 0, w / torch.where(w.abs() > 0, w.abs(), 1.0), torch.ones_like(w))
+        z = r * phase
+        keep = _rope_pair_value(z0, c, g, cc, gc) <= _rope_pair_value(z, c, g, cc, gc)
+        z = torch.where(keep, z0, z)
+        out["a"] = z.real.reshape(current["a"].shape).to(current["a"].dtype)
+        out["b"] = z.imag.reshape(current["b"].shape).to(current["b"].dtype)
+    if group.rot < n:
+        sl = slice(group.rot, n)
+
+        def sub(s: Stats | None) -> Stats | None:
+            return None if s is None else (s[0][:, sl, sl], s[1][:, sl, sl], s[2])
+
+        rest = current["rest"]
+        m = n - group.rot
+        x = minimize_gl(sub(co), sub(ct), rest.to(torch.float64).reshape(-1, m, m), ctx)
+        out["rest"] = x.reshape(rest.shape).to(rest.dtype)
+    return out

@@ -1,0 +1,412 @@
+"""Weight matching: coordinate descent over the spaces of a :class:`~symspec.problem.Problem`.
+
+Minimise ``sum_P w_P ||A_P - g.B_P||_F^2`` over one element per space, both state dicts
+in canonical form. A round solves every space once, with all others fixed, by the solver
+its group kind registers (:data:`symspec.solvers.base.SOLVERS`); rounds repeat until the
+objective stops improving. The engine knows no architecture:
+
+- B transformed by every current element is kept (``cur``); a space's terms are its
+  incident segments of A and of ``cur``, with the space's own current element undone
+  (on the data, or on the reduced statistics when that is cheaper);
+- a parameter that no other space touches (an embedding, an unembedding) is reduced to
+  its statistics once and never transformed until the end;
+- spaces that share no parameter do not interact; they form one colour class of the
+  schedule, and the class order puts the most connected spaces first (the residual
+  stream before the heads and units that hang off it);
+- a new element is kept only if the objective over the space's parameters does not
+  increase, so the reported objective is monotone by construction.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from ..errors import SymspecInputError
+from ..groups import Element, Id
+from ..problem import Factor, Incidence, Problem, Segment
+from .base import (
+    DataTerm,
+    Piece,
+    SolveContext,
+    StatTerm,
+    SumTerm,
+    Term,
+    Timer,
+    solve_stacked,
+    solver_for,
+    solver_threads,
+)
+
+
+@attrs.frozen
+class MatchEvent:
+    """Progress: ``kind`` is 'start', 'space' (one solved) or 'round' (one finished)."""
+
+    kind: str
+    round: int
+    rounds: int
+    space: str = ""
+    done: int = 0
+    total: int = 0
+    objective: float = math.nan
+
+
+Progress = Callable[[MatchEvent], None]
+
+
+@attrs.define
+class WeightMatchingResult:
+    elements: dict[str, Element]
+    #: the objective before the first round, then after each round
+    history: list[float]
+    timings: dict[str, float]
+    #: spaces whose element changed in the last round
+    changed: list[str]
+    converged: bool
+
+
+def schedule(problem: Problem, spaces: list[str]) -> list[list[str]]:
+    """Colour classes of the spaces (two spaces interact when they share a parameter),
+    the most connected first: within a class, the order of solves does not matter."""
+    size: dict[str, int] = defaultdict(int)
+    touches: dict[str, set[str]] = defaultdict(set)
+    for p in problem.params.values():
+        sp = p.spaces() & set(spaces)
+        numel = math.prod(p.shape)
+        for s in sp:
+            size[s] += numel
+            touches[s] |= sp - {s}
+    order = sorted(spaces, key=lambda s: (-size[s], spaces.index(s)))
+    colour: dict[str, int] = {}
+    for s in order:
+        used = {colour[t] for t in touches[s] if t in colour}
+        colour[s] = next(c for c in range(len(spaces) + 1) if c not in used)
+    classes: dict[int, list[str]] = defaultdict(list)
+    for s in order:
+        classes[colour[s]].append(s)
+    return [classes[c] for c in sorted(classes)]
+
+
+def _act(group: Any, element: Element, x: torch.Tensor, *, path: tuple[str, ...], variance: str) -> torch.Tensor:
+    return group.apply(element, x, path, variance)
+
+
+class _Engine:
+    def __init__(self, problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor],
+                 ctx: SolveContext, init: Mapping[str, Element] | None) -> None:
+        self.problem = problem
+        self.ctx = ctx
+        dev, dt = ctx.device, ctx.dtype
+        # one representative per tie group, weighted by the number of names sharing it
+        tie_of = {n: g for g in problem.ties for n in g}
+        self.weight: dict[str, float] = {}
+        for name in problem.params:
+            group = tie_of.get(name, (name,))
+            rep = next(n for n in group if n in problem.params)
+            self.weight[rep] = self.weight.get(rep, 0.0) + 1.0
+        self.a = {p: sd_a[p].detach().to(device=dev, dtype=dt) for p in self.weight}
+        self.b0 = {p: sd_b[p].detach().to(device=dev, dtype=dt) for p in self.weight}
+        self.elements: dict[str, Element] = {}
+        for name, si in problem.spaces.items():
+            e = init.get(name) if init else None
+            self.elements[name] = si.group.to(e, dtype=dt, device=dev) if e is not None else si.group.identity(dtype=dt, device=dev)
+        self.incidences: dict[str, list[Incidence]] = defaultdict(list)
+        for name in problem.spaces:
+            for inc in problem.incidences(name):
+                if inc.param in self.weight:
+                    self.incidences[name].append(inc)
+        # parameters acted on by a single space, along one axis, one factor per segment:
+        # their terms never change, so they are reduced once
+        self.static: dict[str, str] = {}
+        for p in self.weight:
+            pb = problem.params[p]
+            sp = pb.spaces()
+            if len(sp) == 1 and len(pb.axes) == 1 and all(len(seg.factors) == 1 for seg in pb.axes[0].segments):
+                self.static[p] = next(iter(sp))
+        self.static_terms: dict[Incidence, StatTerm] = {}
+        with ctx.timer("stats"):
+            for p, s in self.static.items():
+                for inc in self._incs_of(p, s):
+                    a = self._segment(self.a[p], inc)
+                    b = self._segment(self.b0[p], inc)
+                    w = self.weight[p]
+                    self.static_terms[inc] = StatTerm(
+                        inc.factor.path, inc.factor.variance, w * (a @ b.mT),
+                        (lambda b=b, w=w: w * (b @ b.mT)), w * a.square().sum(-1), b_sq=w * b.square().sum())
+
+        self.cur: dict[str, torch.Tensor] = {}
+        self.obj: dict[str, float] = {}
+        self.load(self.elements)
+
+    def load(self, elements: Mapping[str, Element]) -> None:
+        """Set every element, and B transformed by them."""
+        self.elements = dict(elements)
+        self.cur.clear()
+        with self.ctx.timer("apply"):
+            for p in self.weight:
+                if p not in self.static:
+                    self.cur[p] = self._transform(p, self.b0[p], self.elements)
+        with self.ctx.timer("objective"):
+            for p in self.weight:
+                self.obj[p] = self._objective(p, self.elements)
+
+    # -- data access ---------------------------------------------------------------------
+    def _incs_of(self, p: str, s: str) -> list[Incidence]:
+        return [inc for inc in self.incidences[s] if inc.param == p]
+
+    def _left(self, seg: Segment, pos: int) -> tuple[Factor, ...]:
+        return seg.factors[:pos]
+
+    def _undo_left(self, y: torch.Tensor, left: tuple[Factor, ...], elements: Mapping[str, Element]) -> torch.Tensor:
+        for f in left:
+            g = self.problem.spaces[f.space].group
+            y = g.apply(g.inverse(elements[f.space]), y, f.path, f.variance)  # type: ignore[arg-type]
+        return y
+
+    def _redo_left(self, y: torch.Tensor, left: tuple[Factor, ...], elements: Mapping[str, Element]) -> torch.Tensor:
+        for f in reversed(left):
+            g = self.problem.spaces[f.space].group
+            y = g.apply(elements[f.space], y, f.path, f.variance)  # type: ignore[arg-type]
+        return y
+
+    def _segment(self, x: torch.Tensor, inc: Incidence) -> torch.Tensor:
+        """The incidence's segment of ``x``, moved to the front, factors acting after the
+        space undone, flattened to [n, m]."""
+        y = x.movedim(inc.axis, 0)[inc.segment.start : inc.segment.stop]
+        y = self._undo_left(y, self._left(inc.segment, inc.position), self.elements)
+        return y.reshape(inc.segment.size, -1)
+
+    def _transform(self, p: str, x: torch.Tensor, elements: Mapping[str, Element], only: str | None = None) -> torch.Tensor:
+        """Apply ``elements`` to parameter ``p`` (``only``: just that space's factors, each
+        conjugated by the factors acting after it)."""
+        pb = self.problem.params[p]
+        for ab in pb.axes:
+            if only is not None and not any(f.space == only for seg in ab.segments for f in seg.factors):
+                continue
+            moved = x.movedim(ab.axis, 0)
+            pieces = []
+            for seg in ab.segments:
+                y = moved[seg.start : seg.stop]
+                if only is None:
+                    for f in reversed(seg.factors):
+                        g = self.problem.spaces[f.space].group
+                        y = g.apply(elements[f.space], y, f.path, f.variance)  # type: ignore[arg-type]
+                else:
+                    for pos, f in enumerate(seg.factors):
+                        if f.space != only:
+                            continue
+                        left = self._left(seg, pos)
+                        y = self._undo_left(y, left, self.elements)
+                        g = self.problem.spaces[f.space].group
+                        y = g.apply(elements[only], y, f.path, f.variance)  # type: ignore[arg-type]
+                        y = self._redo_left(y, left, self.elements)
+                pieces.append(y)
+            moved = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 0)
+            x = moved.movedim(0, ab.axis)
+        return x
+
+    def _static_objective(self, p: str, elements: Mapping[str, Element]) -> float:
+        s = self.static[p]
+        group = self.problem.spaces[s].group
+        total = 0.0
+        for inc in self._incs_of(p, s):
+            t = self.static_terms[inc]
+            e = elements[s]
+            f = group.matrix(e, t.path, t.variance).to(t.cross().dtype)  # type: ignore[arg-type]
+            val = t.a_sq().sum() - 2 * (f * t.cross()).sum()
+            if group.is_orthogonal(t.path) and t.variance != "abs":
+                val = val + t.b_sq
+            else:
+                val = val + ((f @ t.gram()) * f).sum()
+            total += float(val)
+        return total
+
+    def _objective(self, p: str, elements: Mapping[str, Element], cur: torch.Tensor | None = None) -> float:
+        if p in self.static:
+            return self._static_objective(p, elements)
+        x = self.cur[p] if cur is None else cur
+        return self.weight[p] * float((self.a[p] - x).square().sum(dtype=torch.float64))
+
+    def total(self) -> float:
+        return sum(self.obj.values())
+
+    # -- one space -------------------------------------------------------------------------
+    def terms(self, s: str, trusted: set[str] | None = None) -> list[Term]:
+        """The terms of space ``s``. With ``trusted``, only parameters whose other spaces
+        are all trusted (if any is)."""
+        group = self.problem.spaces[s].group
+        entry = solver_for(group)
+        inv_old = group.inverse(self.elements[s])
+        pieces: dict[tuple[tuple[str, ...], str], list[Piece]] = defaultdict(list)
+        static: dict[tuple[tuple[str, ...], str], list[Term]] = defaultdict(list)
+        incs = self.incidences[s]
+        if trusted is not None:
+            keep = [inc for inc in incs if self.problem.params[inc.param].spaces() - {s} <= trusted]
+            incs = keep or incs
+        for inc in incs:
+            key = (inc.factor.path, inc.factor.variance)
+            if inc.param in self.static:
+                static[key].append(self.static_terms[inc])
+                continue
+            a = self._segment(self.a[inc.param], inc)
+            c = self._segment(self.cur[inc.param], inc)
+            pieces[key].append(Piece(a, c, self.weight[inc.param]))
+        out: list[Term] = []
+        for key in dict.fromkeys([*pieces, *static]):
+            path, var = key
+            parts: list[Term] = list(static.get(key, []))
+            if key in pieces:
+                ps = pieces[key]
+                n = ps[0].a.shape[0]
+                wide = sum(p.a.shape[1] for p in ps) > n
+                undo = functools.partial(_act, group, inv_old, path=path, variance=var)
+                parts.append(DataTerm(path, var, ps, undo, fold=wide and not entry.cheap_apply))
+            out.append(parts[0] if len(parts) == 1 else SumTerm(parts))
+        return out
+
+    def solve_class(self, spaces: list[str], on_done: Callable[[str], None], trusted: set[str] | None = None) -> list[str]:
+        """Solve spaces that share no parameter; returns those whose element changed.
+
+        ``trusted`` (the first round's greedy start): use only the parameters whose other
+        spaces are already solved, and keep every solution (the caller checks the round).
+        """
+        by_group: dict[Any, list[str]] = defaultdict(list)
+        for s in spaces:
+            by_group[self.problem.spaces[s].group].append(s)
+        changed: list[str] = []
+        for group, names in by_group.items():
+            entry = solver_for(group)
+            timer = self.ctx.timer
+            if entry.solve_many is not None or (entry.batched and len(names) > 1):
+                problems = [(self.terms(s, trusted), self.elements[s]) for s in names]
+                with timer("stats"):
+                    for ts, _ in problems:
+                        for t in ts:
+                            t.cross()
+                with timer(f"solve:{group.kind}"), solver_threads(self.ctx.device, self.ctx.threads):
+                    if entry.solve_many is not None:
+                        news = entry.solve_many(group, problems, self.ctx)
+                    else:
+                        news = self._solve_stacked(group, problems)
+                del problems
+                for s, new in zip(names, news):
+                    if self.accept(s, new, force=trusted is not None):
+                        changed.append(s)
+                    on_done(s)
+                continue
+            for s in names:
+                terms = self.terms(s, trusted)
+                if terms:
+                    with timer("stats"):
+                        for t in terms:
+                            t.cross()
+                    with timer(f"solve:{group.kind}"), solver_threads(self.ctx.device, self.ctx.threads):
+                        new = entry.solve(group, terms, self.elements[s], self.ctx)
+                    del terms
+                    if self.accept(s, new, force=trusted is not None):
+                        changed.append(s)
+                on_done(s)
+        return changed
+
+    def _solve_stacked(self, group: Any, problems: list[tuple[list[Term], Element]]) -> list[Element]:
+        by_sig: dict[Any, list[int]] = defaultdict(list)
+        for i, (ts, _) in enumerate(problems):
+            by_sig[tuple((t.path, t.variance) for t in ts)].append(i)
+        out: list[Element | None] = [None] * len(problems)
+        for idx in by_sig.values():
+            for i, e in zip(idx, solve_stacked(group, [problems[i] for i in idx], self.ctx)):
+                out[i] = e
+        return out  # type: ignore[return-value]
+
+    def accept(self, s: str, new: Element, force: bool = False) -> bool:
+        """Keep ``new`` for space ``s`` if the objective over its parameters does not grow
+        (or ``force``)."""
+        group = self.problem.spaces[s].group
+        old = self.elements[s]
+        if group.equal(new, old, atol=0.0):
+            return False
+        delta = group.compose(new, group.inverse(old))
+        params = list(dict.fromkeys(inc.param for inc in self.incidences[s]))
+        with self.ctx.timer("apply"):
+            trial = {p: self._transform(p, self.cur[p], {s: delta}, only=s) for p in params if p not in self.static}
+        elems = dict(self.elements)
+        elems[s] = new
+        with self.ctx.timer("objective"):
+            before = sum(self.obj[p] for p in params)
+            after = {p: (self._objective(p, elems) if p in self.static else self._objective(p, elems, trial[p])) for p in params}
+        if not force and not sum(after.values()) <= before:
+            return False
+        self.cur.update(trial)
+        self.obj.update(after)
+        self.elements[s] = new
+        return True
+
+
+def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor], *,
+                  rounds: int = 10, tol: float = 1e-6, device: str | torch.device = "cpu",
+                  dtype: torch.dtype | None = None, init: Mapping[str, Element] | None = None,
+                  progress: Progress | None = None, max_iter: int = 10, greedy_start: bool = True,
+                  timer: Timer | None = None) -> WeightMatchingResult:
+    """Coordinate descent for ``min_g sum_P ||A_P - g.B_P||^2`` (both in canonical form).
+
+    ``rounds``: at most this many rounds; stop earlier once a round improves the
+    objective by less than ``tol`` (relative). ``greedy_start``: the first round solves
+    each space from the parameters whose other spaces are already solved (kept only if
+    that round ends below the starting objective). ``max_iter``: Gauss-Newton steps per
+    GL solve. Spaces whose group is ``Id`` are not searched. Elements come back in
+    ``problem``'s groups, on ``device``.
+    """
+    if rounds < 0:
+        raise SymspecInputError(f"rounds must be >= 0, got {rounds}")
+    missing = [p for p in problem.params if p not in sd_a or p not in sd_b]
+    if missing:
+        raise SymspecInputError(f"parameter(s) missing from a state dict: {', '.join(missing[:5])}")
+    ref = next((sd_a[p] for p in problem.params), None)
+    dt = dtype or (ref.dtype if ref is not None and ref.is_floating_point() else torch.float64)
+    ctx = SolveContext(device=torch.device(device), dtype=dt, timer=timer or Timer(), max_iter=max_iter)
+    engine = _Engine(problem, sd_a, sd_b, ctx, init)
+    searched = [s for s, si in problem.spaces.items() if not isinstance(si.group, Id) and engine.incidences[s]]
+    for s in searched:
+        solver_for(problem.spaces[s].group)  # fail early for kinds without a solver
+    classes = schedule(problem, searched)
+    history = [engine.total()]
+    say = progress or (lambda e: None)
+    say(MatchEvent("start", 0, rounds, total=len(searched), objective=history[0]))
+    changed: list[str] = []
+    converged = False
+    start = dict(engine.elements)
+    for r in range(1, rounds + 1):
+        # The first round starts greedily: each space is solved from the parameters whose
+        # other spaces it already has (an embedding before any layer has been aligned).
+        # Should that end above the start, the round is redone the plain way.
+        for greedy in ((True, False) if r == 1 and greedy_start else (False,)):
+            changed = []
+            done = 0
+
+            def on_done(s: str, r: int = r) -> None:
+                nonlocal done
+                done += 1
+                say(MatchEvent("space", r, rounds, s, done, len(searched), engine.total()))
+
+            trusted: set[str] | None = set() if greedy else None
+            for cls in classes:
+                changed += engine.solve_class(cls, on_done, trusted)
+                if trusted is not None:
+                    trusted |= set(cls)
+            if not greedy or engine.total() <= history[0]:
+                break
+            engine.load(start)
+        history.append(engine.total())
+        say(MatchEvent("round", r, rounds, done=done, total=len(searched), objective=history[-1]))
+        prev, now = history[-2], history[-1]
+        if not changed or prev - now <= tol * max(abs(prev), 1e-300):
+            converged = True
+            break
+    return WeightMatchingResult(engine.elements, history, ctx.timer.as_dict(), changed, converged)
