@@ -1,0 +1,222 @@
+"""Weight matching of two models under a spec: the high-level API.
+
+>>> import symspec.match  # doctest: +SKIP
+>>> res = symspec.match.weight_match(model_a, model_b, "nanogpt")  # doctest: +SKIP
+>>> res.history  # the objective before the first round, then after each  # doctest: +SKIP
+>>> merged = res.interpolate(0.5)  # doctest: +SKIP
+>>> res.canonical_model.load_state_dict(merged)  # doctest: +SKIP
+
+Both models are bound to the spec and brought into canonical form (norm gains folded,
+residual writers mean-centred, ...); the solver (:mod:`symspec.solvers`) then finds the
+element of every space that brings B closest to A in weight space, and B is transformed
+by it. The result keeps the architecture: ``aligned_b`` loads into ``canonical_model``
+(a copy of A's class in canonical form), as does any interpolation of the two.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from .bind import BoundSpec, bind
+from .errors import SymspecInputError
+from .groups import Element
+from .record import TransformRecord
+from .solvers import MatchEvent, Timer, embed, match_weights, parse_restriction, restrict_problem
+from .spec.model import Spec
+from .transforms import apply_elements, canonicalize_model, canonicalize_state_dict
+
+ModelLike = torch.nn.Module | Mapping[str, torch.Tensor]
+
+
+@attrs.define
+class MatchResult:
+    """What :func:`weight_match` found.
+
+    ``canonical_a`` and ``canonical_b``: both state dicts in canonical form;
+    ``aligned_b``: canonical B transformed by ``elements`` (one element per space, in the
+    spec's groups); ``record``: the same as a :class:`~symspec.record.TransformRecord`;
+    ``history``: the objective ``sum_P ||A_P - g.B_P||^2`` over the bound parameters,
+    before the first round and after each; ``timings``: seconds per phase;
+    ``canonical_model``: A's module in canonical form (same class), into which
+    ``canonical_a``, ``aligned_b`` and their interpolations load; None for state-dict inputs.
+    """
+
+    bound: BoundSpec
+    canonical_a: dict[str, torch.Tensor]
+    canonical_b: dict[str, torch.Tensor]
+    aligned_b: dict[str, torch.Tensor]
+    elements: dict[str, Element]
+    record: TransformRecord
+    history: list[float]
+    timings: dict[str, float]
+    converged: bool
+    searched: dict[str, str]
+    canonical_model: torch.nn.Module | None = None
+
+    @property
+    def spec(self) -> Spec:
+        return self.bound.spec
+
+    def distance(self, which: str = "aligned") -> float:
+        """Squared weight distance over the bound parameters between canonical A and
+        canonical B (``which="canonical"``) or aligned B (``"aligned"``)."""
+        other = self.aligned_b if which == "aligned" else self.canonical_b
+        return weight_distance(self.bound, self.canonical_a, other)
+
+    def interpolate(self, alpha: float, *, align: bool = True) -> dict[str, torch.Tensor]:
+        """``(1 - alpha) A + alpha B`` (aligned B unless ``align=False``), canonical form."""
+        return interpolate_state_dicts(self.canonical_a, self.aligned_b if align else self.canonical_b, alpha)
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able report: objective per round, time per phase, groups searched."""
+        return {
+            "spec": self.spec.name,
+            "rounds": len(self.history) - 1,
+            "converged": self.converged,
+            "objective": self.history,
+            "relative_objective": [h / self.history[0] if self.history[0] else 0.0 for h in self.history],
+            "searched": self.searched,
+            "timings": self.timings,
+        }
+
+
+def weight_distance(bound: BoundSpec, a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """sum over the bound parameters of ||a - b||^2 (float64 accumulation)."""
+    return float(sum(float((a[p].double() - b[p].double()).square().sum()) for p in bound.problem.params))
+
+
+def interpolate_state_dicts(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
+    """Floating-point entries ``(1 - alpha) a + alpha b``; the others from ``a``."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in a.items():
+        w = b.get(k)
+        if w is not None and v.is_floating_point() and w.is_floating_point():
+            out[k] = torch.lerp(v, w.to(v.dtype), alpha) if alpha not in (0.0, 1.0) else (v if alpha == 0.0 else w.to(v.dtype)).clone()
+        else:
+            out[k] = v
+    return out
+
+
+def _state(model: ModelLike) -> dict[str, torch.Tensor]:
+    if isinstance(model, torch.nn.Module):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    return dict(model)
+
+
+def _resolve_spec(spec: Spec | BoundSpec | str | Path) -> Spec | BoundSpec:
+    if isinstance(spec, (Spec, BoundSpec)):
+        return spec
+    from .spec import load_spec
+
+    return load_spec(spec)
+
+
+def check_finite(sd: Mapping[str, torch.Tensor], which: str) -> None:
+    bad = [k for k, v in sd.items() if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise SymspecInputError(f"model {which} has NaN or inf weights in {', '.join(bad[:3])}{more}")
+
+
+def check_same_problem(ba: BoundSpec, bb: BoundSpec) -> None:
+    """Two bindings of one spec that must describe the same problem (same spaces, groups
+    and parameter shapes)."""
+    pa, pb = ba.problem, bb.problem
+    problems = []
+    for s in sorted(set(pa.spaces) | set(pb.spaces)):
+        ga = pa.spaces[s].group if s in pa.spaces else None
+        gb = pb.spaces[s].group if s in pb.spaces else None
+        if ga != gb:
+            problems.append(f"space {s} is {ga or 'absent'} in A but {gb or 'absent'} in B")
+    for p in sorted(set(pa.params) | set(pb.params)):
+        sa = pa.params[p].shape if p in pa.params else None
+        sb = pb.params[p].shape if p in pb.params else None
+        if sa != sb:
+            problems.append(f"{p} has shape {list(sa) if sa else 'absent'} in A but {list(sb) if sb else 'absent'} in B")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise SymspecInputError(f"A and B do not fit one spec '{ba.spec.name}': " + "; ".join(problems[:5]) + more)
+
+
+def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str | Path, *,
+                 groups: str | Mapping[str, str] | None = None, rounds: int = 10, tol: float = 1e-6,
+                 device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                 progress: Any = None, config: Any = None, max_iter: int = 10,
+                 greedy_start: bool = True) -> MatchResult:
+    """Align ``model_b`` to ``model_a`` in weight space under ``spec`` (data-free).
+
+    ``model_a``/``model_b``: modules (or state dicts, with ``config`` for the spec's
+    dimensions). ``spec``: a Spec, a BoundSpec (of A), a path or a built-in name.
+    ``groups``: restrict the search, ``"perm"`` (permutations only, the paper's ablation),
+    ``"full"`` (default), or per declared space, ``"perm,attn=full"``; see
+    :mod:`symspec.solvers.restrict`. ``rounds``/``tol``: at most ``rounds`` rounds of
+    coordinate descent, fewer once a round gains less than ``tol`` (relative).
+    ``device``: where the dense work runs ("cuda" when present). ``dtype``: the working
+    precision (default: A's). ``progress``: called with a
+    :class:`~symspec.solvers.MatchEvent` after every solved space and round.
+    Inputs are never modified.
+    """
+    timer = Timer()
+    t0 = time.perf_counter()
+    with timer("bind"):
+        spec_obj = _resolve_spec(spec)
+        bound_a = spec_obj if isinstance(spec_obj, BoundSpec) else bind(spec_obj, model_a, config=config)
+        bound_b = bind(bound_a.spec, model_b, config=config)
+        check_same_problem(bound_a, bound_b)
+    sd_a, sd_b = _state(model_a), _state(model_b)
+    check_finite(sd_a, "A")
+    check_finite(sd_b, "B")
+    with timer("canonicalize"):
+        ca = canonicalize_state_dict(bound_a, sd_a)
+        cb = canonicalize_state_dict(bound_b, sd_b)
+        check_finite(ca, "A (canonical form)")
+        check_finite(cb, "B (canonical form)")
+    problem = bound_a.problem
+    modes = parse_restriction(groups, problem)
+    searched_problem = restrict_problem(problem, modes)
+    res = match_weights(searched_problem, ca, cb, rounds=rounds, tol=tol, device=device, dtype=dtype,
+                        progress=progress, max_iter=max_iter, greedy_start=greedy_start, timer=timer)
+    work_dtype = dtype or next((ca[p].dtype for p in problem.params), torch.float64)
+    elements = {s: embed(problem.spaces[s].group, searched_problem.spaces[s].group, e, work_dtype)
+                for s, e in res.elements.items()}
+    with timer("transform"):
+        aligned = apply_elements(problem, {s: _to_cpu(e) for s, e in elements.items()}, cb)
+    searched = {s: str(searched_problem.spaces[s].group) for s in problem.spaces
+                if searched_problem.spaces[s].group != problem.spaces[s].group}
+    record = TransformRecord(
+        spec=bound_a.spec.name,
+        groups={s: str(si.group) for s, si in problem.spaces.items()},
+        elements={s: _to_cpu(e) for s, e in elements.items()},
+        canonical=[{"kind": op.kind, "args": dict(op.args)} for op in bound_a.canonical],
+        searched=searched,
+        meta={"objective": res.history, "rounds": len(res.history) - 1, "converged": res.converged,
+              "groups": _mode_text(modes), "dtype": str(work_dtype).removeprefix("torch.")},
+    )
+    canonical_model = None
+    if isinstance(model_a, torch.nn.Module):
+        with timer("canonicalize"):
+            canonical_model = canonicalize_model(bound_a, model_a)
+    timings = timer.as_dict()
+    timings["total"] = time.perf_counter() - t0
+    return MatchResult(bound_a, ca, cb, aligned, elements, record, res.history, timings, res.converged,
+                       {s: str(searched_problem.spaces[s].group) for s in problem.spaces}, canonical_model)
+
+
+def _to_cpu(e: Element) -> Element:
+    return {k: v.detach().to("cpu") for k, v in e.items()}
+
+
+def _mode_text(modes: Mapping[str, str]) -> str:
+    kinds = set(modes.values())
+    if len(kinds) <= 1:
+        return next(iter(kinds), "full")
+    return ",".join(f"{s}={m}" for s, m in modes.items())
+
+
+__all__ = ["MatchEvent", "MatchResult", "interpolate_state_dicts", "weight_distance", "weight_match"]
