@@ -27,9 +27,25 @@ def _restore(y: torch.Tensor, rest: tuple[int, ...]) -> torch.Tensor:
     return y.reshape(*y.shape[:-1], *rest)
 
 
+def _transposed(x: torch.Tensor) -> bool:
+    """A 2-d view of a contiguous matrix's transpose (an input axis moved to the front)."""
+    return x.ndim == 2 and not x.is_contiguous() and x.mT.is_contiguous()
+
+
+def _left_mul(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """m @ x; on a transposed view, computed as (x.T @ m.T).T, which reads x in its own
+    memory order and returns the transposed view of a contiguous result (several times
+    faster for the [vocab, d] embeddings than multiplying the strided view)."""
+    if m.ndim == 2 and _transposed(x):
+        return (x.mT @ m.mT).mT
+    return m @ x
+
+
 def _gather_rows(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """y[..., i, :] = x[..., perm[..., i], :] for x [*b, n, R] and perm [*b, n]."""
     if perm.ndim == 1:
+        if _transposed(x):
+            return x.mT.index_select(-1, perm.to(x.device)).mT
         return x.index_select(-2, perm.to(x.device))
     idx = perm.to(x.device).unsqueeze(-1).expand(*perm.shape, x.shape[-1])
     return torch.gather(x, -2, idx)
@@ -212,6 +228,54 @@ class Id(Group):
         return bool(((m - eye).abs() <= atol).all())
 
 
+@register
+@attrs.frozen
+class Sign(Group):
+    """A global sign {I, -I} acting on all n dims at once: with S(n), the residual of a
+    post-LayerNorm model (BERT), where LayerNorm(-y) = -LayerNorm(y) but no per-dim sign
+    or rotation commutes with the centring."""
+
+    kind: ClassVar[str] = "Sign"
+    size: int = int_field()
+
+    @property
+    def n(self) -> int:
+        return self.size
+
+    def is_orthogonal(self, path: Path = ()) -> bool:
+        return True
+
+    def identity(self, *, batch=(), dtype=torch.float64, device=None) -> Element:
+        return {"sign": torch.ones(batch, dtype=dtype, device=device)}
+
+    def compose(self, a: Element, b: Element) -> Element:
+        return {"sign": a["sign"] * b["sign"]}
+
+    def inverse(self, a: Element) -> Element:
+        return {"sign": a["sign"].clone()}
+
+    def sample(self, seed=None, *, batch=(), dtype=torch.float64, device=None, cond=10.0) -> Element:
+        gen = make_generator(seed)
+        sign = torch.where(torch.rand(batch, generator=gen) < 0.5, -1.0, 1.0)
+        return {"sign": sign.to(dtype=dtype, device=device)}
+
+    def apply(self, a: Element, x: torch.Tensor, path: Path = (), variance: Variance = "co") -> torch.Tensor:
+        self._check_path(path)
+        if variance == "abs":
+            return x
+        s = a["sign"].to(device=x.device, dtype=x.dtype)
+        return x * s.reshape(*s.shape, *([1] * (x.ndim - s.ndim)))
+
+    def element_ok(self, a: Element, atol: float) -> bool:
+        return set(a) == {"sign"} and bool(((a["sign"].abs() - 1).abs() <= atol).all())
+
+    def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
+        if m.ndim < 2 or m.shape[-1] != self.size or m.shape[-2] != self.size:
+            return False
+        eye = torch.eye(self.size, dtype=m.dtype, device=m.device)
+        return bool(((m - eye).abs() <= atol).all() or ((m + eye).abs() <= atol).all())
+
+
 class _MatrixGroup(Group):
     """Groups whose elements are stored as their action matrix."""
 
@@ -237,12 +301,12 @@ class _MatrixGroup(Group):
         nb = m.ndim - 2
         flat, rest = _flatten_rest(x, nb)
         if variance == "abs":
-            y = m.abs() @ flat
+            m = m.abs()
         elif variance == "contra" and not self.is_orthogonal():
-            y = torch.linalg.solve(m.mT, flat)
-        else:
-            y = m @ flat
-        return _restore(y, rest)
+            # inv(m)^T @ x rather than solve(m^T, x): batched CPU solves with many
+            # right-hand sides are ~30x slower, and the elements are well conditioned
+            m = torch.linalg.inv(m).mT
+        return _restore(_left_mul(m, flat), rest)
 
     def matrix(self, a: Element, path: Path = (), variance: Variance = "co") -> torch.Tensor:
         self._check_path(path)
@@ -508,7 +572,7 @@ class RoPE(Group):
             m = a["rest"].to(device=x.device, dtype=x.dtype)
             xr = flat[..., self.rot :, :]
             if variance == "contra":
-                yr = torch.linalg.solve(m.mT, xr)
+                yr = torch.linalg.inv(m).mT @ xr
             elif variance == "abs":
                 yr = m.abs() @ xr
             else:

@@ -187,6 +187,7 @@ class Heads(Group):
         g = self.part(name)
         dh = g.n
         shape = x.shape
+        x = x.contiguous()  # an input axis moved to the front: the reshapes below would copy anyway
         perm = a["perm"].to(x.device)
         if kv_view:
             y = x.reshape(self.kv, dh, -1).index_select(0, perm)  # [kv, dh, R]
