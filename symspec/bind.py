@@ -115,7 +115,8 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
             exprs[d.name] = parse_expr(d.expr)
         except ExprError as e:
             diags.append(Diagnostic(d.loc, str(e)))
-    dims, errors = evaluate_dims(exprs, DimContext({}, config, shapes))
+    module = model if isinstance(model, torch.nn.Module) else None
+    dims, errors = evaluate_dims(exprs, DimContext({}, config, shapes, module))
     for d in spec.dims:
         if d.name in errors:
             diags.append(Diagnostic(d.loc, f"dimension {d.name} = {d.expr}: {errors[d.name]}"))
@@ -124,7 +125,7 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
     groups: dict[str, Group] = {}
     for s in spec.spaces:
         try:
-            groups[s.name] = parse_group(s.group, dims=lambda node: DimContext(dims, config, shapes).evaluate(parse_expr(_unparse(node))))
+            groups[s.name] = parse_group(s.group, dims=lambda node: DimContext(dims, config, shapes, module).evaluate(parse_expr(_unparse(node))))
         except (GroupError, ExprError) as e:
             diags.append(Diagnostic(s.loc, f"space {s.key}: group {s.group}: {e}"))
 

@@ -3,18 +3,21 @@
 A small, safe subset of Python expressions evaluated with :mod:`ast`: integer literals,
 names of other dimensions, ``config.<attr>[.<attr>...]``, ``+ - * / // %`` (``/`` must
 divide exactly), and the functions ``shape(param, axis)``, ``first(a, b, ...)`` (the
-first one that exists and is not None), ``min`` and ``max``.
+first one that exists and is not None), ``min``, ``max``, and ``attr(path)``: an
+integer attribute of the model itself or of a submodule, for models without a config
+(timm's ViT: ``attr("blocks.0.attn.num_heads")``).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
-FUNCTIONS = ("shape", "first", "min", "max")
+FUNCTIONS = ("shape", "first", "min", "max", "attr")
 
 
 class ExprError(Exception):
@@ -95,6 +98,8 @@ class DimContext:
     dims: Mapping[str, int] = attrs.field(factory=dict)
     config: Any = None
     shapes: Mapping[str, tuple[int, ...]] = attrs.field(factory=dict)
+    #: the model itself (``attr(path)`` reads its public attributes), when bound to one
+    module: Any = None
 
     def evaluate(self, node: ast.expr) -> int:
         try:
@@ -153,6 +158,8 @@ class DimContext:
                     if v is not None:
                         return v
                 raise _Missing(f"'{ast.unparse(node)}': none of the alternatives exists")
+            if fname == "attr":
+                return self._attr(node)
             if fname in ("min", "max"):
                 vals = [self._int(a) for a in node.args]
                 if not vals:
@@ -170,6 +177,22 @@ class DimContext:
                     raise ExprError(f"shape(): '{name}' has {len(shp)} axes, no axis {axis}")
                 return shp[axis]
         raise ExprError(f"cannot evaluate '{ast.unparse(node)}'")
+
+    def _attr(self, node: ast.Call) -> Any:
+        if len(node.args) != 1 or not isinstance(node.args[0], ast.Constant) or not isinstance(node.args[0].value, str):
+            raise ExprError('attr() takes one quoted attribute path: attr("blocks.0.attn.num_heads")')
+        path = node.args[0].value
+        parts = path.split(".")
+        if not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_]*", p) for p in parts):
+            raise ExprError(f"attr(): '{path}' is not a path of public attribute names")
+        if self.module is None:
+            raise _Missing(f"attr(\"{path}\"): not bound to a model")
+        obj = self.module
+        for p in parts:
+            if not hasattr(obj, p):
+                raise _Missing(f"attr(): the model has no '{path}'")
+            obj = getattr(obj, p)
+        return obj
 
     def _int(self, node: ast.expr) -> int:
         v = self._eval(node)
@@ -197,7 +220,7 @@ def evaluate_dims(exprs: Mapping[str, ast.expr], ctx: DimContext) -> tuple[dict[
             if not deps <= set(values):
                 continue
             try:
-                values[name] = DimContext({**ctx.dims, **values}, ctx.config, ctx.shapes).evaluate(node)
+                values[name] = DimContext({**ctx.dims, **values}, ctx.config, ctx.shapes, ctx.module).evaluate(node)
             except ExprError as e:
                 errors[name] = str(e)
             del pending[name]
