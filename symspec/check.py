@@ -2,29 +2,42 @@
 
 For the canonicalisation and for each declared space (all its instances at once), and
 for all spaces together, sample random group elements, apply them to the canonical
-weights, and compare the outputs with the canonical model's on random inputs, in
+weights, and compare the outputs with the canonical model's on the given inputs, in
 float64 and in float32. A space whose row fails is drilled into per instance, so the
 report names the failing layer.
 
 Tolerances (relative to the largest output magnitude, max-norm): float64 1e-9,
 float32 1e-4 (group elements are sampled with condition number <= 10; float32 loses
 about one digit per decade of conditioning, DESIGN §6). Override with ``rtol``.
+
+Float64 means float64 throughout: models that cast to float32 internally (Hugging
+Face's RMSNorm, eager softmax) are run with those casts kept in float64
+(:class:`symspec.precision.KeepFloat64`), and the report says where they were.
+
+Memory: the check works on one float64 copy of the model, canonicalised and transformed
+in place (plus a float32 mirror when float32 is checked); see ``_InPlace``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import torch
 
 from .bind import BoundSpec, bind
+from .groups import Element
+from .precision import KeepFloat64
+from .problem import ParamBinding, Problem
 from .spec.model import Spec
-from .transforms import apply_elements, canonicalize_model, sample_elements
+from .transforms import inverse_elements, sample_elements, transform_tensor
+from .transforms.canonical import STEP_IMPLS, untie_module
 
 DEFAULT_RTOL: dict[str, float] = {"float64": 1e-9, "float32": 1e-4}
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -113,44 +126,6 @@ def _cast_inputs(inputs: Any, dtype: torch.dtype) -> Any:
     return inputs
 
 
-def _dedupe_tied(module: torch.nn.Module, sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """functional_call wants one value per tied tensor: keep the first name of each tie."""
-    seen: dict[int, str] = {}
-    drop = set()
-    for name, p in list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)):
-        if id(p) in seen:
-            drop.add(name)
-        else:
-            seen[id(p)] = name
-    return {k: v for k, v in sd.items() if k not in drop}
-
-
-class _Runner:
-    """Runs one module instance with swapped-in weights (torch.func.functional_call)."""
-
-    def __init__(self, module: torch.nn.Module, inputs: Any) -> None:
-        self.module = module.eval()
-        self.inputs = inputs
-        self._base: dict[torch.dtype, dict[str, torch.Tensor]] = {}
-
-    def base(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        if dtype not in self._base:
-            sd = self.module.state_dict()
-            self._base[dtype] = _dedupe_tied(self.module, {k: (v.detach().to(dtype) if v.is_floating_point() else v) for k, v in sd.items()})
-        return self._base[dtype]
-
-    def __call__(self, sd: Mapping[str, torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
-        full = dict(self.base(dtype))
-        full.update({k: v.to(dtype) for k, v in sd.items() if k in full})
-        inputs = _cast_inputs(self.inputs, dtype)
-        args, kwargs = (inputs, {}) if not isinstance(inputs, Mapping) else ((), dict(inputs))
-        if not isinstance(args, tuple):
-            args = (args,)
-        with torch.no_grad():
-            out = torch.func.functional_call(self.module, full, args, kwargs)
-        return [t.detach() for t in flatten_outputs(out)]
-
-
 def compare(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[float, float]:
     """(max |a - b|, that divided by max |a|) over all outputs."""
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
@@ -164,16 +139,191 @@ def compare(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[float
     return diff, diff / max(scale, 1e-30)
 
 
+# -- working copies, canonicalised and transformed in place ---------------------------------------
+#
+# check() keeps one float64 copy of the model (plus a float32 one when float32 is checked)
+# and moves its weights in place: each row applies sampled elements parameter by
+# parameter, runs the model and undoes them (the inverse elements, applied in the reverse
+# order of every factor chain; parameters bound with |rho| are restored from a copy, since
+# |rho(g)|^-1 is |rho(g^-1)| only for monomial groups). Nothing holds a second full copy of
+# the weights, so a float64 check of a model of P float32 parameters needs about 2P
+# float64 values (4x the model's size) plus one parameter's worth of transient memory.
+
+
+def copy_as(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A deep copy of ``model`` (same class) whose floating-point parameters and buffers
+    are ``dtype``, made without an intermediate copy in the model's own dtype; tied
+    parameters stay tied."""
+    memo: dict[int, Any] = {}
+    with torch.no_grad():
+        for t in itertools.chain(model.parameters(), model.buffers()):
+            if id(t) in memo:
+                continue
+            new = t.detach().to(dtype=dtype, copy=True) if t.is_floating_point() else t.detach().clone()
+            memo[id(t)] = torch.nn.Parameter(new, requires_grad=False) if isinstance(t, torch.nn.Parameter) else new
+    return copy.deepcopy(model, memo).eval()
+
+
+def _live(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Name -> the module's own floating-point parameter or buffer (tied names share one)."""
+    return {k: v for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+
+
+def canonicalize_inplace(bound: BoundSpec, module: torch.nn.Module) -> None:
+    """Bring ``module`` into canonical form in place: the same steps as
+    :func:`~symspec.transforms.canonicalize_model`, one step at a time, so that only the
+    tensors one step rewrites exist twice."""
+    for op in bound.canonical:
+        if op.kind == "untie":
+            untie_module(module, op.args["param"])
+    live = _live(module)
+    views = {k: v.detach() for k, v in live.items()}
+    with torch.no_grad():
+        for op in bound.canonical:
+            sd = dict(views)
+            STEP_IMPLS[op.kind](op, sd)
+            for k, v in sd.items():
+                if v is not views[k]:
+                    live[k].copy_(v)
+
+
+def _reversed_chains(binding: ParamBinding) -> ParamBinding:
+    """The binding whose factor chains run backwards: with inverse elements, it undoes
+    ``binding`` ((A B)^-1 = B^-1 A^-1)."""
+    axes = tuple(attrs.evolve(ab, segments=tuple(attrs.evolve(s, factors=s.factors[::-1]) for s in ab.segments)) for ab in binding.axes)
+    return attrs.evolve(binding, axes=axes)
+
+
+class _InPlace:
+    """Applies group elements to a module's weights in place, and undoes them (LIFO)."""
+
+    def __init__(self, problem: Problem, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.problem = problem
+        self.tensors = tensors
+        self._reversed: dict[str, ParamBinding] = {}
+
+    def _targets(self, spaces: set[str]) -> list[tuple[str, ParamBinding]]:
+        return [(n, b) for n, b in self.problem.params.items() if n in self.tensors and b.spaces() & spaces]
+
+    @staticmethod
+    def _has_abs(binding: ParamBinding, spaces: set[str]) -> bool:
+        return any(f.variance == "abs" and f.space in spaces for a in binding.axes for s in a.segments for f in s.factors)
+
+    def apply(self, elements: Mapping[str, Element]) -> tuple[list[str], dict[str, torch.Tensor]]:
+        """Act with ``elements``; returns the changed names and what undo() needs."""
+        spaces = set(elements)
+        changed: list[str] = []
+        saved: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        with torch.no_grad():
+            for name, binding in self._targets(spaces):
+                t = self.tensors[name]
+                changed.append(name)
+                if id(t) in seen:  # a tied twin: one tensor, transformed once
+                    continue
+                seen.add(id(t))
+                if self._has_abs(binding, spaces):
+                    saved[name] = t.detach().clone()
+                t.copy_(transform_tensor(self.problem, binding, t.detach(), elements))
+        return changed, saved
+
+    def undo(self, elements: Mapping[str, Element], token: tuple[list[str], dict[str, torch.Tensor]]) -> list[str]:
+        changed, saved = token
+        spaces = set(elements)
+        inverse = inverse_elements(self.problem, elements)
+        seen: set[int] = set()
+        with torch.no_grad():
+            for name, binding in self._targets(spaces):
+                t = self.tensors[name]
+                if id(t) in seen:
+                    continue
+                seen.add(id(t))
+                if name in saved:
+                    t.copy_(saved[name])
+                    continue
+                rev = self._reversed.get(name)
+                if rev is None:
+                    rev = self._reversed[name] = _reversed_chains(binding)
+                t.copy_(transform_tensor(self.problem, rev, t.detach(), inverse))
+        return changed
+
+
+def _forward(module: torch.nn.Module, inputs: Any, dtype: torch.dtype, mode: Any = None) -> list[torch.Tensor]:
+    x = _cast_inputs(inputs, dtype)
+    if isinstance(x, Mapping):
+        args: tuple[Any, ...] = ()
+        kwargs = dict(x)
+    else:
+        args, kwargs = (x if isinstance(x, tuple) else (x,)), {}
+    with torch.no_grad(), (mode if mode is not None else contextlib.nullcontext()):
+        out = module(*args, **kwargs)
+    return [t.detach() for t in flatten_outputs(out)]
+
+
+class _Models:
+    """The float64 working copy and, when float32 is checked, a float32 mirror of it."""
+
+    def __init__(self, model: torch.nn.Module, inputs: Any, dtypes: Sequence[str], exact64: bool) -> None:
+        self.inputs = inputs
+        self.work = copy_as(model, torch.float64)
+        self.m32 = copy_as(model, torch.float32) if "float32" in dtypes else None
+        self.keep = KeepFloat64(rewrite=exact64)
+        self.dirty: set[str] = set()
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.t64 = _live(self.work)
+        self.t32 = _live(self.m32) if self.m32 is not None else {}
+        self.dirty = set(self.t32)
+
+    def run(self, dt: str) -> list[torch.Tensor]:
+        if dt == "float64":
+            return _forward(self.work, self.inputs, torch.float64, self.keep)
+        assert self.m32 is not None
+        if self.dirty:
+            with torch.no_grad():
+                for name in self.dirty:
+                    self.t32[name].copy_(self.t64[name])
+            self.dirty.clear()
+        return _forward(self.m32, self.inputs, torch.float32)
+
+    def canonicalize(self, bound: BoundSpec) -> None:
+        canonicalize_inplace(bound, self.work)
+        if self.m32 is not None:
+            for op in bound.canonical:
+                if op.kind == "untie":
+                    untie_module(self.m32, op.args["param"])
+        self.refresh()
+
+
+def _shares_chain(problem: Problem, names: set[str]) -> bool:
+    """Do these space instances share a factor chain (one segment) with other spaces?"""
+    for p in problem.params.values():
+        for a in p.axes:
+            for s in a.segments:
+                here = {f.space for f in s.factors}
+                if here & names and here - names:
+                    return True
+    return False
+
+
 def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, samples: int = 3, seed: int = 0,
           dtypes: Sequence[str] = ("float64", "float32"), spaces: Sequence[str] | None = None,
           rtol: Mapping[str, float] | None = None, cond: float = 10.0,
-          progress: Callable[[str], None] | None = None) -> CheckReport:
+          progress: Callable[[str], None] | None = None, exact64: bool = True) -> CheckReport:
     """Check that every declared symmetry of ``spec`` preserves ``model``'s function.
 
     ``inputs``: the positional inputs of ``model.forward`` (a tensor, a tuple) or a
     dict of keyword inputs. ``spaces``: restrict to these declared spaces.
+
+    ``exact64``: during float64 runs, casts of float64 tensors to float32 inside the
+    model (Hugging Face's RMSNorm, eager softmax) keep float64 (:mod:`symspec.precision`),
+    and the report says where. With ``exact64=False`` they are only detected, and the
+    float64 rows then use the float32 tolerance. ``model`` itself is never modified.
     """
     tol = {**DEFAULT_RTOL, **(rtol or {})}
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
     for dt in dtypes:
         if dt not in DTYPES:
             raise ValueError(f"unknown dtype {dt!r}; use float64 or float32")
@@ -191,53 +341,103 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
             hint = suggest(unknown[0], declared)
             raise SymspecInputError(f"no space '{unknown[0]}' in spec '{bound.spec.name}'" + (f"; {hint}" if hint else f"; spaces: {', '.join(declared)}"))
         declared = [s for s in declared if s in spaces]
+    if bound.graph is not None:
+        report.notes.append(_graph_note(bound))
 
+    say("copying the model")
+    models = _Models(model, inputs, dtypes, exact64)
+    ref = {dt: models.run(dt) for dt in dtypes}
+    casts = models.keep.summary() if models.keep.count else ""  # one forward pass's worth
     say("canonicalising")
-    base = copy.deepcopy(model).to(torch.float64).eval()
-    ref = {dt: _Runner(base, inputs)({}, DTYPES[dt]) for dt in dtypes}
-    canon = canonicalize_model(bound, base)
-    del base
-    runner = _Runner(canon, inputs)
-    sd_c = {k: v.detach() for k, v in canon.state_dict().items()}
-    canon_out = {dt: runner({}, DTYPES[dt]) for dt in dtypes}
+    models.canonicalize(bound)
+    canon_out = {dt: models.run(dt) for dt in dtypes}
+    if casts:
+        if exact64:
+            report.notes.append(f"float64: the model casts float64 to float32 internally (per forward pass: {casts}); "
+                                "this check kept those casts in float64")
+        else:
+            tol["float64"] = max(tol["float64"], tol.get("float32", DEFAULT_RTOL["float32"]))
+            report.notes.append(f"float64: the model computes parts in float32 (per forward pass: {casts}); "
+                                f"float64 rows use rtol {tol['float64']:.0e}")
     if bound.canonical:
         for dt in dtypes:
             a, r = compare(ref[dt], canon_out[dt])
             report.rows.append(CheckRow("canonicalize", ", ".join(dict.fromkeys(op.kind for op in bound.canonical)), dt, 1, a, r, tol[dt]))
+    del ref
 
-    def run_rows(label: str, group_text: str, names: list[str], n: int) -> list[CheckRow]:
-        worst = {dt: (0.0, 0.0) for dt in dtypes}
-        for k in range(n):
-            elems = sample_elements(problem, names, seed=seed * 1000 + k, cond=cond)
-            sd_t = apply_elements(problem, elems, sd_c)
-            changed = {name: sd_t[name] for name in sd_t if sd_t[name] is not sd_c[name]}
-            for dt in dtypes:
-                a, r = compare(canon_out[dt], runner(changed, DTYPES[dt]))
-                if r > worst[dt][1] or not math.isfinite(r):
-                    worst[dt] = (a, r)
-            del sd_t, changed
-        return [CheckRow(label, group_text, dt, n, worst[dt][0], worst[dt][1], tol[dt]) for dt in dtypes]
+    mover = _InPlace(problem, models.t64)
+    insts = {d: problem.instances_of(d) for d in declared}
+    all_insts = [i for d in declared for i in insts[d]]
+    want_all = len(declared) > 1 or (bool(declared) and len(all_insts) > 1)
+    worst: dict[str, dict[str, tuple[float, float]]] = {}
 
-    for decl in declared:
-        insts = problem.instances_of(decl)
-        groups = sorted({str(problem.spaces[i].group) for i in insts})
-        label = decl if len(insts) == 1 and problem.spaces[insts[0]].index is None else f"{decl}[*]"
-        say(f"space {label}: {len(insts)} instance(s), {samples} sample(s)")
-        rows = run_rows(label, " | ".join(groups), insts, samples)
-        if len(insts) > 1 and not all(r.passed for r in rows):
+    def record(label: str) -> None:
+        """Run the model as it stands and keep the worst deviation per dtype."""
+        for dt in dtypes:
+            a, r = compare(canon_out[dt], models.run(dt))
+            w = worst.setdefault(label, {}).get(dt)
+            if w is None or r > w[1] or not math.isfinite(r):
+                worst[label][dt] = (a, r)
+
+    def measure(label: str, elements: Mapping[str, Element]) -> None:
+        token = mover.apply(elements)
+        models.dirty.update(token[0])
+        record(label)
+        models.dirty.update(mover.undo(elements, token))
+
+    # The costliest space (the residual, whose elements move the embeddings) is applied
+    # once per sample for its own row and, with every other space on top, for the 'all' row.
+    cost = {d: sum(math.prod(problem.params[p].shape) for i in insts[d] for p in problem.params_of(i)) for d in declared}
+    pivot = max(declared, key=lambda d: cost[d]) if len(declared) > 1 else None
+    if pivot is not None and _shares_chain(problem, set(insts[pivot])):
+        pivot = None
+    for k in range(samples):
+        elems = sample_elements(problem, all_insts, seed=seed * 1000 + k, cond=cond)
+
+        def pick(names: Iterable[str], elems: dict[str, Element] = elems) -> dict[str, Element]:
+            return {n: elems[n] for n in names}
+
+        rest = [d for d in declared if d != pivot]
+        if pivot is not None:
+            say(f"sample {k + 1}/{samples}: {pivot}, then all spaces together")
+            piv = pick(insts[pivot])
+            tok = mover.apply(piv)
+            models.dirty.update(tok[0])
+            record(pivot)
+            measure("all", pick(i for d in rest for i in insts[d]))
+            models.dirty.update(mover.undo(piv, tok))
+        for d in rest:
+            say(f"sample {k + 1}/{samples}: {d}")
+            measure(d, pick(insts[d]))
+        if want_all and pivot is None:
+            say(f"sample {k + 1}/{samples}: all spaces together")
+            measure("all", elems if len(declared) > 1 else sample_elements(problem, all_insts, seed=seed * 1000 + 500 + k, cond=cond))
+
+    for d in declared:
+        label = d if len(insts[d]) == 1 and problem.spaces[insts[d][0]].index is None else f"{d}[*]"
+        groups = sorted({str(problem.spaces[i].group) for i in insts[d]})
+        rows = [CheckRow(label, " | ".join(groups), dt, samples, *worst[d][dt], tol[dt]) for dt in dtypes]
+        if len(insts[d]) > 1 and not all(r.passed for r in rows):
             failing = []
-            for inst in insts:
-                sub = run_rows(inst, str(problem.spaces[inst].group), [inst], 1)
-                if not all(r.passed for r in sub):
+            for inst in insts[d]:
+                say(f"locating the failure: {inst}")
+                worst.pop(inst, None)
+                measure(inst, sample_elements(problem, [inst], seed=seed * 1000, cond=cond))
+                if any(not CheckRow(inst, "", dt, 1, *worst[inst][dt], tol[dt]).passed for dt in dtypes):
                     failing.append(inst)
             rows = [attrs.evolve(r, failing=tuple(failing)) if not r.passed else r for r in rows]
         report.rows.extend(rows)
-
-    if len(declared) > 1 or (declared and len(problem.instances_of(declared[0])) > 1):
-        all_insts = [i for d in declared for i in problem.instances_of(d)]
-        say(f"all spaces together: {len(all_insts)} instance(s)")
-        report.rows.extend(run_rows("all", f"{len(all_insts)} spaces", all_insts, samples))
+    if want_all:
+        report.rows.extend(CheckRow("all", f"{len(all_insts)} spaces", dt, samples, *worst["all"][dt], tol[dt]) for dt in dtypes)
     return report
+
+
+def _graph_note(bound: BoundSpec) -> str:
+    g = bound.graph
+    if not g.traced:
+        return f"graph: not traced ({g.reason}); bound by parameter names only, graph features (activation sites) are off"
+    n = sum(len(v) for v in g.sites.values())
+    return f"graph: traced with {g.method}; {n} activation site(s) in {len(g.sites)} space(s)"
 
 
 def check_model(model: torch.nn.Module, spec: Spec, inputs: Any, **kw: Any) -> CheckReport:
