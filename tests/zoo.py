@@ -54,4 +54,117 @@ def vit(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, mlp
     return model.eval(), mod.example_inputs(model, batch=2, seed=seed)
 
 
+# -- Hugging Face and timm families (random weights from small configs; nothing downloads) --
+
+def _tokens(model: torch.nn.Module, batch: int, length: int, seed: int, *, pad: bool = False) -> dict[str, Any]:
+    """Token ids (and, with ``pad``, an attention mask that pads the last sequence)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    out: dict[str, Any] = {"input_ids": torch.randint(vocab, (batch, length), generator=g)}
+    if pad:
+        mask = torch.ones(batch, length, dtype=torch.long)
+        mask[-1, length - 2 :] = 0
+        out["attention_mask"] = mask
+    return out
+
+
+def _hf(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    randomize_(model, seed)
+    return model.eval()
+
+
+@entry("gpt2")
+def gpt2(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, vocab: int = 23, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_head * head_dim, vocab_size=vocab, n_positions=16,
+                                  bos_token_id=0, eos_token_id=0, **kw)
+    model = _hf(transformers.GPT2LMHeadModel(cfg), seed)
+    return model, {**_tokens(model, 2, 8, seed, pad=True), "use_cache": False}
+
+
+def _llama_config(cls: Any, seed: int, n_layer: int, n_head: int, n_kv: int, head_dim: int, n_ff: int, vocab: int, **kw: Any) -> Any:
+    return cls(num_hidden_layers=n_layer, num_attention_heads=n_head, num_key_value_heads=n_kv, hidden_size=n_head * head_dim,
+               intermediate_size=n_ff, vocab_size=vocab, max_position_embeddings=32, bos_token_id=0, eos_token_id=0,
+               pad_token_id=None, **kw)
+
+
+@entry("llama")
+def llama(seed: int = 0, n_layer: int = 2, n_head: int = 4, n_kv: int = 2, head_dim: int = 4, n_ff: int = 12, vocab: int = 23,
+          tie: bool = False, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = _llama_config(transformers.LlamaConfig, seed, n_layer, n_head, n_kv, head_dim, n_ff, vocab, tie_word_embeddings=tie, **kw)
+    model = _hf(transformers.LlamaForCausalLM(cfg), seed)
+    return model, {**_tokens(model, 2, 8, seed, pad=True), "use_cache": False}
+
+
+@entry("llama_tied")
+def llama_tied(seed: int = 0, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    return llama(seed, tie=True, **kw)
+
+
+@entry("qwen2")
+def qwen2(seed: int = 0, n_layer: int = 2, n_head: int = 4, n_kv: int = 2, head_dim: int = 4, n_ff: int = 12, vocab: int = 23,
+          tie: bool = False, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = _llama_config(transformers.Qwen2Config, seed, n_layer, n_head, n_kv, head_dim, n_ff, vocab, tie_word_embeddings=tie, **kw)
+    model = _hf(transformers.Qwen2ForCausalLM(cfg), seed)
+    return model, {**_tokens(model, 2, 8, seed, pad=True), "use_cache": False}
+
+
+@entry("opt")
+def opt(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_ff: int = 12, vocab: int = 23, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    torch.manual_seed(seed)
+    d = n_head * head_dim
+    cfg = transformers.OPTConfig(num_hidden_layers=n_layer, num_attention_heads=n_head, hidden_size=d, word_embed_proj_dim=d,
+                                 ffn_dim=n_ff, vocab_size=vocab, max_position_embeddings=16, pad_token_id=1, bos_token_id=2,
+                                 eos_token_id=2, **kw)
+    model = _hf(transformers.OPTForCausalLM(cfg), seed)
+    return model, {**_tokens(model, 2, 8, seed, pad=True), "use_cache": False}
+
+
+@entry("bert")
+def bert(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_ff: int = 12, vocab: int = 23, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(num_hidden_layers=n_layer, num_attention_heads=n_head, hidden_size=n_head * head_dim,
+                                  intermediate_size=n_ff, vocab_size=vocab, max_position_embeddings=16, type_vocab_size=2, **kw)
+    model = _hf(transformers.BertForMaskedLM(cfg), seed)
+    inputs = _tokens(model, 2, 8, seed, pad=True)
+    inputs["token_type_ids"] = (torch.arange(8) >= 4).long().expand(2, 8).clone()
+    return model, inputs
+
+
+@entry("hf_vit")
+def hf_vit(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_ff: int = 12, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.ViTConfig(num_hidden_layers=n_layer, num_attention_heads=n_head, hidden_size=n_head * head_dim,
+                                 intermediate_size=n_ff, image_size=8, patch_size=4, num_channels=3, num_labels=5, **kw)
+    model = _hf(transformers.ViTForImageClassification(cfg), seed)
+    g = torch.Generator().manual_seed(seed)
+    return model, {"pixel_values": torch.randn(2, 3, 8, 8, generator=g)}
+
+
+@entry("timm_vit")
+def timm_vit(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, mlp_ratio: float = 1.5, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(seed)
+    model = VisionTransformer(img_size=8, patch_size=4, embed_dim=n_head * head_dim, depth=n_layer, num_heads=n_head, mlp_ratio=mlp_ratio,
+                              num_classes=5, **kw)
+    randomize_(model, seed)
+    g = torch.Generator().manual_seed(seed)
+    return model.eval(), torch.randn(2, 3, 8, 8, generator=g)
+
+
 __all__ = ["ZOO", "entry", "example", "sys"]
