@@ -127,17 +127,22 @@ def align_weight(model_a: torch.nn.Module, model_b: torch.nn.Module, *, spec: An
     start = time.perf_counter()
     result = weight_match(model_a, model_b, spec, **kw)
     seconds = time.perf_counter() - start
-    info: dict[str, Any] = {}
-    for field in ("rounds", "objective", "objectives", "history"):
-        value = getattr(result, field, None)
-        if isinstance(value, (int, float, str)) or (isinstance(value, (list, tuple)) and all(isinstance(x, (int, float)) for x in value)):
-            info[field] = list(value) if isinstance(value, tuple) else value
+    if result.canonical_model is None:
+        raise SymspecInputError("weight matching returned no canonical module to evaluate the aligned pair in")
+    summary = getattr(result, "summary", None)
+    info: dict[str, Any] = dict(summary()) if callable(summary) else {"objective": list(getattr(result, "history", []))}
     return Aligned(result.canonical_model, result.canonical_a, result.aligned_b, seconds, info)
 
 
+def align_weight_perm(model_a: torch.nn.Module, model_b: torch.nn.Module, **kw: Any) -> Aligned:
+    """Weight matching restricted to permutations (the paper's ablation): ``groups="perm"``."""
+    return align_weight(model_a, model_b, **{**kw, "groups": "perm"})
+
+
 #: method name -> aligner; register more with :func:`register_aligner`
-ALIGNERS: dict[str, Aligner] = {"none": align_none, "weight": align_weight}
-LABELS: dict[str, str] = {"none": "vanilla averaging", "weight": "weight matching"}
+ALIGNERS: dict[str, Aligner] = {"none": align_none, "weight": align_weight, "weight-perm": align_weight_perm}
+LABELS: dict[str, str] = {"none": "vanilla averaging", "weight": "weight matching",
+                          "weight-perm": "weight matching, permutations only"}
 
 
 def register_aligner(name: str, fn: Aligner, label: str | None = None) -> None:

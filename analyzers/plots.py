@@ -34,7 +34,8 @@ def plot_results(results: Mapping[str, Sequence[PairResult]], path: str | Path, 
     if not methods:
         raise ValueError("nothing to plot")
     with_acc = all(r.curve.accuracies is not None for rs in methods.values() for r in rs)
-    fig = Figure(figsize=(11 if with_acc else 6.5, 4.2))
+    rows = (len(methods) + 2) // 3
+    fig = Figure(figsize=(11 if with_acc else 6.5, 4.2 + 0.25 * rows))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2 if with_acc else 1, squeeze=False)[0]
     colors = [f"C{i}" for i in range(10)]
@@ -53,7 +54,9 @@ def plot_results(results: Mapping[str, Sequence[PairResult]], path: str | Path, 
             _panel(axes[1], lam, accs, list(s.accuracy_mean), se, color, LABELS.get(m, m),
                    line=(s.accuracy_mean[0], s.accuracy_mean[-1]))
     axes[0].set_ylabel("loss")
-    axes[0].legend(fontsize=8, loc="best")
+    handles, labels = axes[0].get_legend_handles_labels()
+    # below the panels, so that no curve is hidden behind it
+    fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=8, frameon=False)
     if with_acc:
         axes[1].set_ylabel("accuracy")
     for ax in axes:
@@ -62,7 +65,7 @@ def plot_results(results: Mapping[str, Sequence[PairResult]], path: str | Path, 
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05 + 0.05 * rows, 1, 1))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     out = Path(path)

@@ -10,7 +10,7 @@ import click
 
 from ._common import EXIT_OK, echo_json, handle_errors, resolve_spec, stderr_console, stdout_console
 
-METHODS = ("none", "weight")
+METHODS = ("none", "weight", "weight-perm")
 
 
 @click.command("barrier")
@@ -21,9 +21,10 @@ METHODS = ("none", "weight")
                    "options: ,split=0.8/0.1/0.1 and more (docs/analyzers.md). Default: the model file's data().")
 @click.option("--split", default="val", show_default=True, type=click.Choice(["train", "val", "test"]),
               help="Which split to evaluate on.")
-@click.option("--align", "methods", multiple=True, type=click.Choice(METHODS), metavar="none|weight",
-              help="Alignment before interpolating: none (vanilla averaging) or weight (weight matching). "
-                   "Repeat to compare methods on one report and figure.  [default: none]")
+@click.option("--align", "methods", multiple=True, type=click.Choice(METHODS), metavar="none|weight|weight-perm",
+              help="Alignment before interpolating: none (vanilla averaging), weight (weight matching with the "
+                   "spec's full groups) or weight-perm (permutations only). Repeat to compare methods on one "
+                   "report and figure.  [default: none]")
 @click.option("--points", default=11, show_default=True, type=click.IntRange(min=2), metavar="K",
               help="Evaluated values of λ, evenly spaced from 0 to 1 (both endpoints included).")
 @click.option("--pair", "pairs", multiple=True, nargs=2, metavar="A2 B2",
@@ -70,7 +71,7 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
     module = first.model_file.module if first.model_file is not None else None
     data = load_data(data_arg, model=first.model, module=module, split=split, batch_size=batch_size,
                      max_samples=max_samples)
-    spec = resolve_spec(spec_arg, first.model, first.spec_hint()) if "weight" in methods else None
+    spec = resolve_spec(spec_arg, first.model, first.spec_hint()) if any(m != "none" for m in methods) else None
     dtype = {"float32": torch.float32, "float64": torch.float64}[dtype_name] if dtype_name else None
     measurer = Measurer(data, points=points, device=device, dtype=dtype)
 

@@ -177,6 +177,24 @@ def test_weight_matching_removes_the_planted_barrier(gpt_setup: dict) -> None:
     assert res["weight"][0].align_seconds > 0
 
 
+def test_permutation_only_matching_undoes_a_planted_permutation_but_not_a_rotation(gpt_setup: dict) -> None:
+    try:
+        import symspec.match  # noqa: F401
+    except ImportError:
+        pytest.skip("symspec.match (weight matching) is not in this tree yet")
+    for spaces, perm_recovers in ((["ff[0]"], True), (None, False)):
+        planted = planted_pair(gpt_setup["model"], "nanogpt", seed=5, spaces=spaces)
+        a, b = as_model(planted.module, planted.sd_a), as_model(planted.module, planted.sd_b)
+        res = measure([(a, b)], gpt_setup["val"], methods=["none", "weight-perm", "weight"], spec="nanogpt", points=11)
+        none, perm, full = (res[m][0].barrier.value for m in ("none", "weight-perm", "weight"))
+        assert none > 0.05 and full <= 1e-4
+        if perm_recovers:
+            assert perm <= 1e-4
+        else:  # a residual rotation is out of reach of permutations
+            assert perm > 0.05
+        assert res["weight"][0].align_info["rounds"] >= 1 and res["weight"][0].align_seconds > 0
+
+
 def test_weight_alignment_without_the_matcher_or_a_spec_is_an_input_error(gpt_setup: dict,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     import sys

@@ -164,11 +164,15 @@ def test_weight_alignment_over_the_cli(files: dict[str, Path]) -> None:
         assert code == 2 and "needs symspec.match.weight_match" in err
         pytest.skip("symspec.match (weight matching) is not in this tree yet: checked the clear error instead")
     code, out, _ = run("barrier", files["pa"], files["pb"], "--model", files["model"], "--data", f"text:{files['text']}",
-                       "--align", "none", "--align", "weight", "--points", "5", "--json")
+                       "--align", "none", "--align", "weight-perm", "--align", "weight", "--points", "5", "--json")
     assert code == 0
-    methods = {m["method"]: m["summary"] for m in json.loads(out)["methods"]}
+    doc = json.loads(out)
+    methods = {m["method"]: m["summary"] for m in doc["methods"]}
+    assert list(methods) == ["none", "weight-perm", "weight"]
     assert methods["none"]["barrier_mean"] > 0.1
-    assert methods["weight"]["barrier_mean"] <= 1e-4
+    assert methods["weight"]["barrier_mean"] <= 1e-4 < methods["weight-perm"]["barrier_mean"]
+    aligned = doc["methods"][2]["pairs"][0]
+    assert aligned["align"]["spec"] == "nanogpt" and aligned["align_seconds"] > 0
 
 
 def test_the_model_files_data_hook_needs_no_data_option(files: dict[str, Path], tmp_path: Path) -> None:
