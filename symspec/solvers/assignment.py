@@ -13,7 +13,16 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from ..groups import Element, Group
-from .base import SolveContext, SolverError, Term, require_variances, solver
+from .base import (
+    SOLVERS,
+    SolveContext,
+    SolverError,
+    StatTerm,
+    Term,
+    joint_solver,
+    require_variances,
+    solver,
+)
 
 
 def assign(score: torch.Tensor, ctx: SolveContext | None = None) -> torch.Tensor:
@@ -71,3 +80,101 @@ def solve_signed_permutation(group: Group, terms: list[Term], current: Element, 
         matched = torch.gather(signed, -1, perm.unsqueeze(-1)).squeeze(-1)
         sign = torch.where(matched < 0, -1.0, 1.0).to(dtype=current["sign"].dtype)
     return {"perm": perm, "sign": sign.to(current["sign"].device)}
+
+
+# ---------------------------------------------------------------------------------------
+# a global sign, and pairs solved jointly
+
+
+@solver("Sign", cheap_apply=True, batched=True)
+def solve_sign(group: Group, terms: list[Term], current: Element, ctx: SolveContext) -> Element:
+    """A global sign s in {1, -1}: -2 s tr(C) is smallest for s = sign(tr C)."""
+    tr = _sum_cross(terms, {"co", "contra"})
+    if tr is None:
+        return current
+    t = torch.diagonal(tr, dim1=-2, dim2=-1).sum(-1)
+    return {"sign": torch.where(t < 0, -1.0, 1.0).to(dtype=current["sign"].dtype, device=current["sign"].device)}
+
+
+def _diag_term(variance: str, c: torch.Tensor, g: torch.Tensor, rows: torch.Tensor) -> StatTerm:
+    return StatTerm((), variance, torch.diag_embed(c), torch.diag_embed(g), rows)
+
+
+@joint_solver(("S", "D"), ("S", "Dpos"))
+def solve_permuted_scaling(outer: Group, inner: Group, terms: list[Term], current: tuple[Element, Element],
+                           ctx: SolveContext) -> tuple[Element, Element]:
+    """A permutation P and the diagonal D acting right before it (``mlp[i] @ scale[i]``):
+    coordinate descent between the two locks in wrong matches (a unit's scale, fitted to
+    the wrong partner, keeps it there), so they are solved together.
+
+    The assignment scores a pair (new unit i, old unit j) by how well it fits with its own
+    best scale: the permutation-only terms' correlation plus, for the scaled terms,
+    ``max_d (2 d C_ij - d^2 G_j)`` on each side (``C^2/G``; co and contra sides fitted
+    separately, clipped at zero for positive scalings: an upper bound of the pair's joint
+    value, exact for planted pairs). Given the permutation, the scales are solved exactly.
+    """
+    require_variances(outer, terms, {"co", "contra", "abs"})
+    e_perm, e_diag = current
+    positive = inner.kind == "Dpos"
+    score: torch.Tensor | None = None
+    for t in terms:
+        c = t.cross()
+        if t.role == "outer":
+            part = c
+        elif t.role == "pair":
+            g = t.gram_diag()
+            clip = positive or t.inner_variance == "abs"
+            num = c.clamp_min(0) if clip else c
+            part = torch.where(g > 0, num.square() / torch.where(g > 0, g, 1.0), 0.0)
+        else:
+            continue
+        score = part if score is None else score + part
+    if score is None:
+        perm = e_perm["perm"]
+    else:
+        with ctx.timer("assign"):
+            perm = assign(score, ctx)
+    inv = torch.argsort(perm)
+    dterms: list[Term] = []
+    for t in terms:
+        if t.role == "pair":
+            c = t.cross()[inv, torch.arange(perm.numel(), device=perm.device)]  # C[pi^-1(j), j]
+            dterms.append(_diag_term(t.inner_variance or "co", c, t.gram_diag(), t.rows_sq()[inv]))
+        elif t.role == "inner":
+            dterms.append(_diag_term(t.variance, torch.diagonal(t.cross()), t.gram_diag(), t.rows_sq()))
+    d = SOLVERS[inner.kind].solve(inner, dterms, e_diag, ctx) if dterms else e_diag
+    return {"perm": perm}, d
+
+
+@joint_solver(("Sign", "S"))
+def solve_signed_perm_pair(outer: Group, inner: Group, terms: list[Term], current: tuple[Element, Element],
+                           ctx: SolveContext) -> tuple[Element, Element]:
+    """A global sign right after a permutation (``sgn @ resid``): both signs are tried, each
+    with its best permutation; the better pair wins."""
+    best: tuple[float, float, torch.Tensor] | None = None
+    for sigma in (1.0, -1.0):
+        score: torch.Tensor | None = None
+        const = 0.0
+        for t in terms:
+            f = sigma if t.variance != "abs" else 1.0
+            c = t.cross()
+            if t.role == "pair":
+                part = f * c
+            elif t.role == "inner":
+                part = c
+            else:
+                const += f * float(torch.diagonal(c).sum())
+                continue
+            score = part if score is None else score + part
+        if score is None:
+            perm = current[1]["perm"]
+            value = const
+        else:
+            with ctx.timer("assign"):
+                perm = assign(score, ctx)
+            value = const + float(torch.gather(score, -1, perm.unsqueeze(-1)).sum())
+        if best is None or value > best[0]:
+            best = (value, sigma, perm)
+    assert best is not None
+    sign = current[0]["sign"]
+    return {"sign": torch.full_like(sign, best[1])}, {"perm": best[2]}

@@ -40,16 +40,26 @@ Undo = Callable[[torch.Tensor], torch.Tensor]
 class Term:
     """Statistics of one (path, variance) class of a space's incidences.
 
-    Subclasses compute them their own way; every value is cached.
+    Subclasses compute them their own way; every value is cached. For a pair of spaces
+    solved jointly (a permutation and the diagonal scaling that acts right after it,
+    ``mlp[i] @ scale[i]``), ``role`` says whether the term is acted on by the outer space
+    alone (``"outer"``, the default), by both (``"pair"``: ``b`` has both undone and the
+    inner space acts with ``inner_variance``), or by the inner one alone (``"inner"``).
     """
 
     path: Path
     variance: str
 
-    def __init__(self, path: Path, variance: str) -> None:
+    def __init__(self, path: Path, variance: str, role: str = "outer", inner_variance: str | None = None) -> None:
         self.path = tuple(path)
         self.variance = variance
+        self.role = role
+        self.inner_variance = inner_variance
         self._cache: dict[Any, torch.Tensor] = {}
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.path, self.variance, self.role, self.inner_variance)
 
     def _cached(self, key: Any, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         if key not in self._cache:
@@ -68,6 +78,10 @@ class Term:
         """The diagonal blocks of ``gram``, [*batch, n / size, size, size]."""
         return self._cached(("gram_blocks", size), lambda: self._gram_blocks(size))
 
+    def gram_diag(self) -> torch.Tensor:
+        """The diagonal of ``gram``: sum w ||b_i||^2 per row i, [*batch, n]."""
+        return self._cached("gram_diag", self._gram_diag)
+
     def a_sq(self) -> torch.Tensor:
         """sum w ||a||^2, [*batch]."""
         return self._cached("a_sq", lambda: self.rows_sq().sum(-1))
@@ -85,6 +99,9 @@ class Term:
     def _rows_sq(self) -> torch.Tensor:
         raise NotImplementedError
 
+    def _gram_diag(self) -> torch.Tensor:
+        return torch.diagonal(self.gram(), dim1=-2, dim2=-1)
+
     def _gram_blocks(self, size: int) -> torch.Tensor:
         g = self.gram()
         n = g.shape[-1]
@@ -97,8 +114,8 @@ class StatTerm(Term):
 
     def __init__(self, path: Path, variance: str, cross: torch.Tensor,
                  gram: torch.Tensor | Callable[[], torch.Tensor], rows_sq: torch.Tensor,
-                 b_sq: torch.Tensor | None = None) -> None:
-        super().__init__(path, variance)
+                 b_sq: torch.Tensor | None = None, role: str = "outer", inner_variance: str | None = None) -> None:
+        super().__init__(path, variance, role, inner_variance)
         #: sum w ||b||^2 when known (what ||F(g) b||^2 is for orthogonal F)
         self.b_sq = b_sq
         self._c = cross
@@ -119,11 +136,14 @@ class SumTerm(Term):
     """Terms of one (path, variance), added up."""
 
     def __init__(self, terms: list[Term]) -> None:
-        super().__init__(terms[0].path, terms[0].variance)
+        super().__init__(terms[0].path, terms[0].variance, terms[0].role, terms[0].inner_variance)
         self.terms = terms
 
     def _cross(self) -> torch.Tensor:
         return _sum(t.cross() for t in self.terms)
+
+    def _gram_diag(self) -> torch.Tensor:
+        return _sum(t.gram_diag() for t in self.terms)
 
     def _gram(self) -> torch.Tensor:
         return _sum(t.gram() for t in self.terms)
@@ -153,8 +173,9 @@ class DataTerm(Term):
     first and undone on the n x n result (``fold=True``): cross = undo(C_c^T)^T.
     """
 
-    def __init__(self, path: Path, variance: str, pieces: list[Piece], undo: Undo, fold: bool) -> None:
-        super().__init__(path, variance)
+    def __init__(self, path: Path, variance: str, pieces: list[Piece], undo: Undo, fold: bool,
+                 role: str = "outer", inner_variance: str | None = None) -> None:
+        super().__init__(path, variance, role, inner_variance)
         self.pieces = pieces
         self.undo = undo
         self.fold = fold
@@ -177,6 +198,11 @@ class DataTerm(Term):
             return self.undo(self.undo(gc).mT).mT
         return _sum(p.weight * (self.b(k) @ self.b(k).mT) for k, p in enumerate(self.pieces))
 
+    def _gram_diag(self) -> torch.Tensor:
+        if self.fold:
+            return super()._gram_diag()
+        return _sum(p.weight * self.b(k).square().sum(-1) for k, p in enumerate(self.pieces))
+
     def _gram_blocks(self, size: int) -> torch.Tensor:
         if self.fold:
             return super()._gram_blocks(size)
@@ -197,14 +223,6 @@ def _sum(xs: Any) -> torch.Tensor:
     for x in it:
         total = total + x
     return total
-
-
-def merge_terms(terms: list[Term]) -> list[Term]:
-    """One term per (path, variance): statistics add up."""
-    groups: dict[tuple[Path, str], list[Term]] = defaultdict(list)
-    for t in terms:
-        groups[(t.path, t.variance)].append(t)
-    return [ts[0] if len(ts) == 1 else SumTerm(ts) for ts in groups.values()]
 
 
 # ---------------------------------------------------------------------------------------
@@ -314,11 +332,14 @@ class StackTerm(Term):
     """Terms of several independent problems stacked along a new leading batch dimension."""
 
     def __init__(self, terms: list[Term]) -> None:
-        super().__init__(terms[0].path, terms[0].variance)
+        super().__init__(terms[0].path, terms[0].variance, terms[0].role, terms[0].inner_variance)
         self.terms = terms
 
     def _cross(self) -> torch.Tensor:
         return torch.stack([t.cross() for t in self.terms])
+
+    def _gram_diag(self) -> torch.Tensor:
+        return torch.stack([t.gram_diag() for t in self.terms])
 
     def _gram(self) -> torch.Tensor:
         return torch.stack([t.gram() for t in self.terms])
@@ -344,6 +365,23 @@ def solve_stacked(group: Group, problems: list[tuple[list[Term], Element]], ctx:
     terms = [StackTerm([ts[i] for ts, _ in problems]) for i in range(len(problems[0][0]))]
     current = stack_elements([e for _, e in problems])
     return unstack_element(entry.solve(group, terms, current, ctx), len(problems))
+
+
+#: a pair solved jointly: (outer, inner, terms, (outer element, inner element), ctx) -> both
+JointFn = Callable[[Group, Group, list[Term], tuple[Element, Element], SolveContext], tuple[Element, Element]]
+
+#: (outer kind, inner kind) -> joint solver, for spaces that act back to back on one axis
+#: (``mlp[i] @ scale[i]``), where coordinate descent between the two gets stuck
+JOINT: dict[tuple[str, str], JointFn] = {}
+
+
+def joint_solver(*pairs: tuple[str, str]) -> Callable[[JointFn], JointFn]:
+    def deco(fn: JointFn) -> JointFn:
+        for pair in pairs:
+            JOINT[pair] = fn
+        return fn
+
+    return deco
 
 
 def solver_for(group: Group) -> SolverEntry:

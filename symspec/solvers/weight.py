@@ -32,6 +32,7 @@ from ..errors import SymspecInputError
 from ..groups import Element, Id
 from ..problem import Factor, Incidence, Problem, Segment
 from .base import (
+    JOINT,
     DataTerm,
     Piece,
     SolveContext,
@@ -72,13 +73,16 @@ class WeightMatchingResult:
     converged: bool
 
 
-def schedule(problem: Problem, spaces: list[str]) -> list[list[str]]:
+def schedule(problem: Problem, spaces: list[str], covers: Mapping[str, set[str]] | None = None) -> list[list[str]]:
     """Colour classes of the spaces (two spaces interact when they share a parameter),
-    the most connected first: within a class, the order of solves does not matter."""
+    the most connected first: within a class, the order of solves does not matter.
+    ``covers``: a space solved together with others (a joint pair) -> all of them."""
+    cover = {s: set((covers or {}).get(s, {s})) | {s} for s in spaces}
     size: dict[str, int] = defaultdict(int)
     touches: dict[str, set[str]] = defaultdict(set)
     for p in problem.params.values():
-        sp = p.spaces() & set(spaces)
+        ps = p.spaces()
+        sp = {s for s in spaces if cover[s] & ps}
         numel = math.prod(p.shape)
         for s in sp:
             size[s] += numel
@@ -94,8 +98,38 @@ def schedule(problem: Problem, spaces: list[str]) -> list[list[str]]:
     return [classes[c] for c in sorted(classes)]
 
 
-def _act(group: Any, element: Element, x: torch.Tensor, *, path: tuple[str, ...], variance: str) -> torch.Tensor:
-    return group.apply(element, x, path, variance)
+def joint_pairs(problem: Problem, incidences: Mapping[str, list[Incidence]]) -> dict[str, str]:
+    """outer -> inner: spaces acting back to back on one axis (``mlp[i] @ scale[i]``) whose
+    kinds have a joint solver, where the outer one never acts without the inner one
+    right after it, or the inner one never without the outer one right before it."""
+
+    def right_of(inc: Incidence) -> str | None:
+        f = inc.segment.factors
+        return f[inc.position + 1].space if inc.position + 1 < len(f) else None
+
+    def left_of(inc: Incidence) -> str | None:
+        return inc.segment.factors[inc.position - 1].space if inc.position > 0 else None
+
+    pairs: dict[str, str] = {}
+    used: set[str] = set()
+    for s in problem.spaces:
+        rights = {right_of(inc) for inc in incidences.get(s, [])}
+        for t in sorted(x for x in rights if x is not None and x != s):
+            if s in used or t in used:
+                continue
+            if (problem.spaces[s].group.kind, problem.spaces[t].group.kind) not in JOINT:
+                continue
+            if rights == {t} or all(left_of(inc) == s for inc in incidences.get(t, [])):
+                pairs[s] = t
+                used |= {s, t}
+    return pairs
+
+
+def _undo_chain(steps: tuple[tuple[Any, Element, tuple[str, ...], str], ...], x: torch.Tensor) -> torch.Tensor:
+    """Apply inverse elements one after the other (outer space first, then its partner)."""
+    for group, element, path, variance in steps:
+        x = group.apply(element, x, path, variance)
+    return x
 
 
 class _Engine:
@@ -122,6 +156,7 @@ class _Engine:
             for inc in problem.incidences(name):
                 if inc.param in self.weight:
                     self.incidences[name].append(inc)
+        self.pairs = joint_pairs(problem, self.incidences)
         # parameters acted on by a single space, along one axis, one factor per segment:
         # their terms never change, so they are reduced once
         self.static: dict[str, str] = {}
@@ -239,35 +274,59 @@ class _Engine:
 
     # -- one space -------------------------------------------------------------------------
     def terms(self, s: str, trusted: set[str] | None = None) -> list[Term]:
-        """The terms of space ``s``. With ``trusted``, only parameters whose other spaces
-        are all trusted (if any is)."""
+        """The terms of space ``s`` (and of its joint partner, when it has one). With
+        ``trusted``, only parameters whose other spaces are all trusted (if any is)."""
+        inner = self.pairs.get(s)
+        unit = {s} if inner is None else {s, inner}
         group = self.problem.spaces[s].group
         entry = solver_for(group)
-        inv_old = group.inverse(self.elements[s])
-        pieces: dict[tuple[tuple[str, ...], str], list[Piece]] = defaultdict(list)
-        static: dict[tuple[tuple[str, ...], str], list[Term]] = defaultdict(list)
-        incs = self.incidences[s]
+        inv = {u: self.problem.spaces[u].group.inverse(self.elements[u]) for u in unit}
+        pieces: dict[tuple[Any, ...], list[Piece]] = defaultdict(list)
+        static: dict[tuple[Any, ...], list[Term]] = defaultdict(list)
+        undo: dict[tuple[Any, ...], Any] = {}
+        incs: list[tuple[Incidence, str, str | None]] = []
+        for inc in self.incidences[s]:
+            f = inc.segment.factors
+            nxt = f[inc.position + 1] if inc.position + 1 < len(f) else None
+            if inner is not None and nxt is not None and nxt.space == inner:
+                incs.append((inc, "pair", nxt.variance))
+            else:
+                incs.append((inc, "outer", None))
+        if inner is not None:
+            for inc in self.incidences[inner]:
+                if not (inc.position > 0 and inc.segment.factors[inc.position - 1].space == s):
+                    incs.append((inc, "inner", None))
         if trusted is not None:
-            keep = [inc for inc in incs if self.problem.params[inc.param].spaces() - {s} <= trusted]
+            keep = [x for x in incs if self.problem.params[x[0].param].spaces() - unit <= trusted]
             incs = keep or incs
-        for inc in incs:
-            key = (inc.factor.path, inc.factor.variance)
-            if inc.param in self.static:
-                static[key].append(self.static_terms[inc])
+        for inc, role, inner_var in incs:
+            key = (inc.factor.path, inc.factor.variance, role, inner_var)
+            if inc.param in self.static:  # one space: never a pair
+                term: Term = self.static_terms[inc]
+                if role != term.role:
+                    term = SumTerm([term])
+                    term.role = role
+                static[key].append(term)
                 continue
             a = self._segment(self.a[inc.param], inc)
             c = self._segment(self.cur[inc.param], inc)
             pieces[key].append(Piece(a, c, self.weight[inc.param]))
+            if key not in undo:
+                steps = [(self.problem.spaces[inc.factor.space].group, inv[inc.factor.space], inc.factor.path, inc.factor.variance)]
+                if role == "pair":
+                    nxt = inc.segment.factors[inc.position + 1]
+                    steps.append((self.problem.spaces[inner].group, inv[inner], nxt.path, nxt.variance))  # type: ignore[index]
+                undo[key] = functools.partial(_undo_chain, tuple(steps))
         out: list[Term] = []
         for key in dict.fromkeys([*pieces, *static]):
-            path, var = key
+            path, var, role, inner_var = key
             parts: list[Term] = list(static.get(key, []))
             if key in pieces:
                 ps = pieces[key]
                 n = ps[0].a.shape[0]
                 wide = sum(p.a.shape[1] for p in ps) > n
-                undo = functools.partial(_act, group, inv_old, path=path, variance=var)
-                parts.append(DataTerm(path, var, ps, undo, fold=wide and not entry.cheap_apply))
+                parts.append(DataTerm(path, var, ps, undo[key], fold=wide and not entry.cheap_apply and role == "outer",
+                                      role=role, inner_variance=inner_var))
             out.append(parts[0] if len(parts) == 1 else SumTerm(parts))
         return out
 
@@ -278,9 +337,12 @@ class _Engine:
         spaces are already solved, and keep every solution (the caller checks the round).
         """
         by_group: dict[Any, list[str]] = defaultdict(list)
-        for s in spaces:
-            by_group[self.problem.spaces[s].group].append(s)
         changed: list[str] = []
+        for s in spaces:
+            if s in self.pairs:
+                changed += self._solve_pair(s, on_done, trusted)
+            else:
+                by_group[self.problem.spaces[s].group].append(s)
         for group, names in by_group.items():
             entry = solver_for(group)
             timer = self.ctx.timer
@@ -297,7 +359,7 @@ class _Engine:
                         news = self._solve_stacked(group, problems)
                 del problems
                 for s, new in zip(names, news):
-                    if self.accept(s, new, force=trusted is not None):
+                    if self.accept({s: new}, force=trusted is not None):
                         changed.append(s)
                     on_done(s)
                 continue
@@ -310,9 +372,27 @@ class _Engine:
                     with timer(f"solve:{group.kind}"), solver_threads(self.ctx.device, self.ctx.threads):
                         new = entry.solve(group, terms, self.elements[s], self.ctx)
                     del terms
-                    if self.accept(s, new, force=trusted is not None):
+                    if self.accept({s: new}, force=trusted is not None):
                         changed.append(s)
                 on_done(s)
+        return changed
+
+    def _solve_pair(self, s: str, on_done: Callable[[str], None], trusted: set[str] | None) -> list[str]:
+        t = self.pairs[s]
+        gs, gt = self.problem.spaces[s].group, self.problem.spaces[t].group
+        terms = self.terms(s, trusted)
+        changed: list[str] = []
+        if terms:
+            with self.ctx.timer("stats"):
+                for term in terms:
+                    term.cross()
+            with self.ctx.timer(f"solve:{gs.kind}+{gt.kind}"), solver_threads(self.ctx.device, self.ctx.threads):
+                new_s, new_t = JOINT[(gs.kind, gt.kind)](gs, gt, terms, (self.elements[s], self.elements[t]), self.ctx)
+            del terms
+            if self.accept({t: new_t, s: new_s}, force=trusted is not None):
+                changed = [s, t]
+        on_done(s)
+        on_done(t)
         return changed
 
     def _solve_stacked(self, group: Any, problems: list[tuple[list[Term], Element]]) -> list[Element]:
@@ -325,27 +405,37 @@ class _Engine:
                 out[i] = e
         return out  # type: ignore[return-value]
 
-    def accept(self, s: str, new: Element, force: bool = False) -> bool:
-        """Keep ``new`` for space ``s`` if the objective over its parameters does not grow
-        (or ``force``)."""
-        group = self.problem.spaces[s].group
-        old = self.elements[s]
-        if group.equal(new, old, atol=0.0):
+    def accept(self, news: Mapping[str, Element], force: bool = False) -> bool:
+        """Keep the new elements (a space, or a joint pair: inner space first) if the
+        objective over their parameters does not grow (or ``force``)."""
+        deltas: dict[str, Element] = {}
+        for s, new in news.items():
+            group = self.problem.spaces[s].group
+            old = self.elements[s]
+            if not group.equal(new, old, atol=0.0):
+                deltas[s] = group.compose(new, group.inverse(old))
+        if not deltas:
             return False
-        delta = group.compose(new, group.inverse(old))
-        params = list(dict.fromkeys(inc.param for inc in self.incidences[s]))
+        params = list(dict.fromkeys(inc.param for s in news for inc in self.incidences[s]))
+        saved = dict(self.elements)
+        trial: dict[str, torch.Tensor] = {}
         with self.ctx.timer("apply"):
-            trial = {p: self._transform(p, self.cur[p], {s: delta}, only=s) for p in params if p not in self.static}
+            for s, delta in deltas.items():
+                for p in dict.fromkeys(inc.param for inc in self.incidences[s]):
+                    if p not in self.static:
+                        trial[p] = self._transform(p, trial.get(p, self.cur[p]), {s: delta}, only=s)
+                # the next space's factors are conjugated by this one's new element
+                self.elements[s] = news[s]
         elems = dict(self.elements)
-        elems[s] = new
+        self.elements = saved
         with self.ctx.timer("objective"):
             before = sum(self.obj[p] for p in params)
-            after = {p: (self._objective(p, elems) if p in self.static else self._objective(p, elems, trial[p])) for p in params}
+            after = {p: (self._objective(p, elems) if p in self.static else self._objective(p, elems, trial.get(p, self.cur[p]))) for p in params}
         if not force and not sum(after.values()) <= before:
             return False
         self.cur.update(trial)
         self.obj.update(after)
-        self.elements[s] = new
+        self.elements = elems
         return True
 
 
@@ -373,9 +463,12 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
     ctx = SolveContext(device=torch.device(device), dtype=dt, timer=timer or Timer(), max_iter=max_iter)
     engine = _Engine(problem, sd_a, sd_b, ctx, init)
     searched = [s for s, si in problem.spaces.items() if not isinstance(si.group, Id) and engine.incidences[s]]
+    engine.pairs = {s: t for s, t in engine.pairs.items() if s in searched and t in searched}
     for s in searched:
         solver_for(problem.spaces[s].group)  # fail early for kinds without a solver
-    classes = schedule(problem, searched)
+    inner = set(engine.pairs.values())
+    units = [s for s in searched if s not in inner]
+    classes = schedule(problem, units, {s: {s, t} for s, t in engine.pairs.items()})
     history = [engine.total()]
     say = progress or (lambda e: None)
     say(MatchEvent("start", 0, rounds, total=len(searched), objective=history[0]))
