@@ -1,0 +1,328 @@
+"""``symspec match A B --out DIR`` and ``symspec merge A B --alpha 0.5 --out DIR``.
+
+Outputs are staged in a hidden folder next to DIR and renamed into place at the end, so
+a failure leaves nothing half-written; an existing DIR is replaced only with --force.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ._common import echo_json, handle_errors, resolve_spec, stderr_console, stdout_console
+
+#: timer phases measured inside the solve:<kind> phases
+INNER_PHASES = {"assign", "svd", "iterate", "heads:similarity"}
+
+GROUPS_HELP = ("Groups searched: full (the spec's), perm (permutation subgroups: the paper's ablation), "
+               "fixed, or per declared space, e.g. 'perm,attn=full'.")
+
+
+def _input_error(msg: str) -> Exception:
+    from symspec.errors import SymspecInputError
+
+    return SymspecInputError(msg)
+
+
+def check_output(out: Path, force: bool) -> None:
+    """Fail before any work when ``out`` cannot be written."""
+    if out.exists() and not force:
+        raise _input_error(f"{out} exists; refusing to overwrite it (use --force)")
+    parent = out.parent if str(out.parent) else Path(".")
+    probe = parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise _input_error(f"cannot write {out}: {probe} is not a writable folder")
+
+
+def publish(out: Path, force: bool, fill: Callable[[Path], None]) -> None:
+    """Build the output in a staging folder next to ``out``, then rename it into place."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise _input_error(f"cannot write {out}: {e}") from e
+    try:
+        fill(staging)
+        _normal_permissions(staging)
+        if out.exists():
+            if not force:
+                raise _input_error(f"{out} exists; refusing to overwrite it (use --force)")
+            old = out.parent / f".{out.name}.replaced-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(staging, out)
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+        else:
+            os.replace(staging, out)
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _input_error(f"cannot write {out}: {e}") from e
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _normal_permissions(folder: Path) -> None:
+    """Temporary files and folders are private (0600/0700); the published output gets the
+    usual permissions under the user's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for root, dirs, names in os.walk(folder):
+        for d in dirs:
+            os.chmod(Path(root) / d, 0o777 & ~mask)
+        for n in names:
+            os.chmod(Path(root) / n, 0o666 & ~mask)
+    os.chmod(folder, 0o777 & ~mask)
+
+
+def write_model(loaded: Any, state_dict: Any, folder: Path) -> list[str]:
+    """Write the model into ``folder`` in the format it was read in: a Hugging Face folder
+    becomes the folder itself; a file becomes ``model<suffix>`` (``.pt`` for model files)."""
+    from symspec.loading import save_model
+
+    if loaded.format == "hf":
+        tmp = folder / ".model"
+        save_model(loaded, state_dict, tmp)
+        names = []
+        for f in tmp.iterdir():
+            os.replace(f, folder / f.name)
+            names.append(f.name)
+        tmp.rmdir()
+        return sorted(names)
+    suffix = loaded.source.suffix if loaded.format in ("state_dict", "safetensors") else ".pt"
+    target = folder / f"model{suffix}"
+    save_model(loaded, state_dict, target)
+    return [target.name]
+
+
+class _Progress:
+    """A rich progress line on stderr, fed by MatchEvents (silent when not a terminal)."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        console = stderr_console()
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                            TimeElapsedColumn(), console=console, transient=True, disable=not (enabled and console.is_terminal))
+        self.task: Any = None
+
+    def __enter__(self) -> _Progress:
+        self.bar.__enter__()
+        self.task = self.bar.add_task("loading", total=None)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.__exit__(*exc)
+
+    def phase(self, text: str) -> None:
+        self.bar.update(self.task, description=text)
+
+    def __call__(self, event: Any) -> None:
+        if event.kind == "start":
+            self.bar.update(self.task, description=f"matching: objective {event.objective:.4g}", total=event.total, completed=0)
+        elif event.kind == "space":
+            self.bar.update(self.task, description=f"round {event.round}/{event.rounds}: {event.space}, objective {event.objective:.4g}",
+                            completed=event.done, total=event.total)
+        elif event.kind == "round":
+            self.bar.update(self.task, description=f"round {event.round} done: objective {event.objective:.4g}", completed=event.total)
+
+
+def _device(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise _input_error(f"--device {device}: CUDA is not available here (use --device cpu)")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise _input_error(f"--device {device}: use cpu or cuda")
+    return device
+
+
+def _load_pair(a: str, b: str, factory: str | None, spec_arg: str | None, progress: _Progress) -> tuple[Any, Any, Any]:
+    from symspec.loading import load_model
+
+    progress.phase("loading A")
+    la = load_model(a, factory=factory)
+    progress.phase("loading B")
+    lb = load_model(b, factory=factory)
+    spec = resolve_spec(spec_arg, la.model, la.spec_hint())
+    if type(la.model) is not type(lb.model):
+        raise _input_error(f"A is a {type(la.model).__name__} but B is a {type(lb.model).__name__}: they do not fit one spec")
+    return la, lb, spec
+
+
+def _summary(command: str, a: str, b: str, out: Path, files: list[str], result: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    data = {"command": command, "a": a, "b": b, "out": str(out), "files": files}
+    if result is not None:
+        data.update(result.summary())
+        data["distance"] = {"canonical": result.distance("canonical"), "aligned": result.distance("aligned")}
+    data.update(extra)
+    return data
+
+
+def _print_summary(data: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    console = stdout_console()
+    if "objective" in data:
+        console.print(f"symspec {data['command']}: spec '{data['spec']}', groups {data.get('groups', 'full')}")
+        console.print("objective (sum over the bound parameters of ||A - g.B||^2) per round:")
+        t = Table()
+        t.add_column("round", justify="right")
+        t.add_column("objective", justify="right")
+        t.add_column("relative", justify="right")
+        for i, (o, r) in enumerate(zip(data["objective"], data["relative_objective"])):
+            t.add_row("start" if i == 0 else str(i), f"{o:.6g}", f"{r:.4f}")
+        console.print(t)
+        console.print("time per phase:")
+        tt = Table()
+        tt.add_column("phase")
+        tt.add_column("seconds", justify="right")
+        timings = data["timings"]
+        inner = {k: v for k, v in timings.items() if k in INNER_PHASES}
+        for k, v in sorted(((k, v) for k, v in timings.items() if k not in inner), key=lambda kv: -kv[1]):
+            tt.add_row(k, f"{v:.3f}")
+        for k, v in sorted(inner.items(), key=lambda kv: -kv[1]):
+            tt.add_row(f"  within solve: {k}", f"{v:.3f}")
+        console.print(tt)
+        state = "converged" if data["converged"] else "stopped at --rounds"
+        console.print(f"{data['rounds']} round(s), {state}; weight distance {data['distance']['canonical']:.6g} -> {data['distance']['aligned']:.6g}")
+    console.print(f"wrote {data['out']}: {', '.join(data['files'])}")
+
+
+def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--spec", "spec_arg", metavar="PATH|NAME", help="Spec file or built-in name (default: A's model file SPEC, else the built-in spec for A's class)."),
+        click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output folder (written atomically)."),
+        click.option("--groups", default="full", show_default=True, help=GROUPS_HELP),
+        click.option("--rounds", default=10, show_default=True, type=click.IntRange(0, 10000), help="At most this many rounds of coordinate descent."),
+        click.option("--tol", default=1e-6, show_default=True, type=click.FloatRange(0), help="Stop once a round improves the objective by less than this (relative)."),
+        click.option("--device", default="cpu", show_default=True, help="Where the dense work runs: cpu or cuda."),
+        click.option("--model", "factory", metavar="MODEL.py", help="For state-dict checkpoints: the model file whose build() makes their module."),
+        click.option("--force", is_flag=True, help="Replace an existing output folder."),
+        click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+@click.command("match")
+@click.argument("model_a", metavar="A")
+@click.argument("model_b", metavar="B")
+@_common_options
+@handle_errors
+def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, groups: str, rounds: int, tol: float,
+              device: str, factory: str | None, force: bool, as_json: bool) -> None:
+    """Align model B to model A in weight space (data-free) under a spec.
+
+    A and B: model files, Hugging Face folders, or state dicts / safetensors with --model.
+    Writes into OUT: B aligned, in B's own format (a Hugging Face folder stays one; a
+    checkpoint becomes model.<ext>), its transform record (transform.safetensors and
+    transform.json: the group element of every space, to re-apply or invert) and
+    match.json (objective per round, time per phase). Exit 0 on success, 2 on bad input.
+    """
+    from symspec.match import weight_match
+
+    check_output(out, force)
+    dev = _device(device)
+    with _Progress(True) as progress:
+        la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
+        progress.phase("binding and canonicalising")
+        result = weight_match(la.model, lb.model, spec, groups=groups, rounds=rounds, tol=tol, device=dev, progress=progress)
+        progress.phase("writing")
+        files: list[str] = []
+        data = _summary("match", model_a, model_b, out, files, result, {"groups": groups})
+
+        def fill(folder: Path) -> None:
+            files.extend(write_model(lb, result.aligned_b, folder))
+            result.record.meta.update({"a": model_a, "b": model_b})
+            result.record.save(folder)
+            files.extend(["transform.safetensors", "transform.json", "match.json"])
+            from symspec.io_util import atomic_write_text
+
+            atomic_write_text(folder / "match.json", _json(data) + "\n")
+
+        publish(out, force, fill)
+    if as_json:
+        echo_json(data)
+    else:
+        _print_summary(data)
+
+
+@click.command("merge")
+@click.argument("model_a", metavar="A")
+@click.argument("model_b", metavar="B")
+@click.option("--alpha", default=0.5, show_default=True, type=click.FloatRange(0, 1), help="Weight of B: (1 - alpha) A + alpha B.")
+@click.option("--no-align", "no_align", is_flag=True, help="Interpolate the weights as they are (vanilla averaging).")
+@_common_options
+@handle_errors
+def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg: str | None, out: Path, groups: str,
+              rounds: int, tol: float, device: str, factory: str | None, force: bool, as_json: bool) -> None:
+    """Write the interpolation (1 - alpha) A + alpha B, with B aligned to A first.
+
+    The merged model keeps A's class and format; aligned, it is in canonical form (norm
+    gains folded into the layers that read them: same function, same class). With
+    --no-align, the raw weights are averaged and no spec is needed. Exit 0 on success,
+    2 on bad input.
+    """
+    from symspec.match import check_finite, interpolate_state_dicts, weight_match
+
+    check_output(out, force)
+    dev = _device(device)
+    with _Progress(True) as progress:
+        if no_align:
+            from symspec.loading import load_model
+
+            progress.phase("loading")
+            la = load_model(model_a, factory=factory)
+            lb = load_model(model_b, factory=factory)
+            if type(la.model) is not type(lb.model):
+                raise _input_error(f"A is a {type(la.model).__name__} but B is a {type(lb.model).__name__}")
+            sa = {k: v.detach() for k, v in la.model.state_dict().items()}
+            sb = {k: v.detach() for k, v in lb.model.state_dict().items()}
+            bad = [k for k in sa if k not in sb or sa[k].shape != sb[k].shape]
+            if bad or set(sb) - set(sa):
+                raise _input_error(f"A and B do not have the same parameters: {', '.join((bad or sorted(set(sb) - set(sa)))[:5])}")
+            check_finite(sa, "A")
+            check_finite(sb, "B")
+            merged = interpolate_state_dicts(sa, sb, alpha)
+            result = None
+        else:
+            la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
+            progress.phase("binding and canonicalising")
+            result = weight_match(la.model, lb.model, spec, groups=groups, rounds=rounds, tol=tol, device=dev, progress=progress)
+            merged = result.interpolate(alpha)
+        progress.phase("writing")
+        files: list[str] = []
+        data = _summary("merge", model_a, model_b, out, files, result, {"alpha": alpha, "aligned": not no_align,
+                                                                         **({"groups": groups} if not no_align else {})})
+
+        def fill(folder: Path) -> None:
+            files.extend(write_model(la, merged, folder))
+            if result is not None:
+                result.record.meta.update({"a": model_a, "b": model_b})
+                result.record.save(folder)
+                files.extend(["transform.safetensors", "transform.json"])
+            from symspec.io_util import atomic_write_text
+
+            files.append("merge.json")
+            atomic_write_text(folder / "merge.json", _json(data) + "\n")
+
+        publish(out, force, fill)
+    if as_json:
+        echo_json(data)
+    else:
+        _print_summary(data)
+
+
+def _json(data: Any) -> str:
+    import json
+
+    return json.dumps(data, indent=2, default=str)
