@@ -283,13 +283,26 @@ def _bind_param(decl: ParamDecl, name: str, caps: dict[str, int], shape: tuple[i
             used = dict.fromkeys(f.space for seg in segments for f in seg.factors)
             groups_txt = ", ".join(f"{u}: {spaces[u].group}" for u in used)
             diags.append(Diagnostic(loc, f"{name}: axis {axis} has size {shape[axis]}, but '{expr}' ({groups_txt}) expects {start}{detail}",
-                                    "the shape contradicts the declared dimensions; check dims and groups"))
+                                    _kv_hint(expr, shape[axis], groups) or "the shape contradicts the declared dimensions; check dims and groups"))
             ok = False
             continue
         bindings.append(AxisBinding(axis, tuple(segments)))
     if not ok:
         return None
     return ParamBinding(name, tuple(shape), tuple(bindings), decl.loc)
+
+
+def _kv_hint(expr: Any, size: int, groups: Mapping[str, Group]) -> str | None:
+    """Grouped-query attention: a key/value projection bound to the query-head view."""
+    terms = expr.terms()
+    if len(expr.segments) != 1 or len(terms) != 1:
+        return None
+    t = terms[0]
+    g = groups.get(t.space)
+    kv_path = (*t.path, "kv")
+    if g is None or "kv" in t.path or kv_path not in g.rep_paths() or g.rep_size(kv_path) != size:
+        return None
+    return f"its size is that of the key/value-head view: did you mean '{attrs.evolve(t, path=kv_path)}'?"
 
 
 def _transform_signature(pb: ParamBinding | None, spaces: Mapping[str, SpaceInstance]) -> tuple[Any, ...]:
