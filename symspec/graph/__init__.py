@@ -1,14 +1,22 @@
 """Tracing models into graphs, and the activation sites of each space.
 
-``trace(model, inputs)`` tries ``torch.fx.symbolic_trace`` (works on simple modules)
-and then ``torch.export.export(strict=False)`` (works on Hugging Face models); if
-neither works, it says why and returns a graph-less result, so binding by parameter
-names still works with the graph features disabled.
+``trace(model, inputs)`` tries ``torch.fx.symbolic_trace`` (works on simple modules such
+as timm's ViT; not tried for keyword inputs) and then ``torch.export.export(strict=False)``
+(works on Hugging Face models: transformers 5 has no fx tracer of its own). If neither
+works, it says why (``ModelGraph.reason``) and returns a graph-less result, so binding by
+parameter names still works with the graph features disabled.
 
-The graph is kept as a :class:`networkx.DiGraph` over FX node names. Every node that
-produces an activation whose last dimension lies in a space (the output of a linear
-layer whose weight's output axis is bound to that space, and elementwise functions of
-it) is an *activation site* of that space; activation matching reads activations there.
+The graph is kept as a :class:`networkx.DiGraph` over FX node names; each node records
+its op, the module it came from (``nn_module_stack`` for exported graphs), the
+parameters it reads and its input nodes in argument order. Activation sites of a space
+(what activation matching reads):
+
+- ``pre``: the output of a layer whose weight's output axis is bound to the space alone
+  (a linear, an addmm of a Conv1D, an embedding), then ``post`` for elementwise
+  functions of it (GELU, SiLU, ReLU, dropout);
+- ``post``: the input of a layer whose weight's input axis reads the space (down_proj,
+  c_proj, fc2): the features after the nonlinearity whatever it is made of (GPT-2's
+  composite tanh-GELU, SwiGLU's silu(gate) * up).
 """
 
 from __future__ import annotations
@@ -85,7 +93,7 @@ def trace(model: torch.nn.Module, example_inputs: Any, problem: Problem | None =
                     ep = torch.export.export(model, args, kwargs, strict=False)
                     gm = ep
                     g = _export_graph(ep)
-        except Exception as e:  # noqa: BLE001 - we report why and fall back
+        except Exception as e:  # any failure: report why and try the next method
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             reasons.append(f"{method}: {type(e).__name__}: {first[:200]}")
             continue
@@ -98,7 +106,7 @@ def trace(model: torch.nn.Module, example_inputs: Any, problem: Problem | None =
 
 
 def _node_attrs(n: fx.Node, module: str, params: list[str], op_name: str) -> dict[str, Any]:
-    return {"op": n.op, "target": op_name, "module": module, "params": params}
+    return {"op": n.op, "target": op_name, "module": module, "params": params, "inputs": [a.name for a in n.all_input_nodes]}
 
 
 def _symbolic_graph(gm: fx.GraphModule, model: torch.nn.Module) -> nx.DiGraph:
@@ -158,6 +166,8 @@ def _param_users(mg: ModelGraph) -> None:
 
 #: linear-like ops -> the weight axis that becomes the output's last dimension
 _LINEAR_OUT_AXIS = {"Linear": 0, "linear": 0, "Embedding": 1, "embedding": 1, "addmm": 1, "mm": 1, "matmul": -1}
+#: linear-like ops -> the weight axis that reads the input's last dimension
+_LINEAR_IN_AXIS = {"Linear": 1, "linear": 1, "addmm": 0, "mm": 0}
 
 
 def find_sites(mg: ModelGraph, problem: Problem) -> None:
@@ -165,30 +175,42 @@ def find_sites(mg: ModelGraph, problem: Problem) -> None:
     g = mg.graph
     if g is None:
         return
-    sites: dict[str, list[Site]] = {}
+    found: dict[str, dict[str, Site]] = {}
+
+    def add(space: str, node: str, kind: str) -> None:
+        found.setdefault(space, {}).setdefault(node, Site(node, -1, kind, g.nodes[node].get("module", "")))
+
+    params = {p for data in (g.nodes[n] for n in g.nodes) for p in data.get("params", [])}
     for pname, binding in problem.params.items():
         for user in mg.param_users.get(pname, []):
             data = g.nodes[user]
             op = data["target"]
-            if op not in _LINEAR_OUT_AXIS:
-                continue
-            out_axis = _LINEAR_OUT_AXIS[op] % len(binding.shape)
-            if op in ("Embedding", "embedding") and pname.endswith("bias"):
-                continue
-            for ab in binding.axes:
-                if ab.axis != out_axis or len(ab.segments) != 1:
+            if op in _LINEAR_OUT_AXIS and not (op in ("Embedding", "embedding") and pname.endswith("bias")):
+                out_axis = _LINEAR_OUT_AXIS[op] % len(binding.shape)
+                for ab in binding.axes:
+                    if ab.axis != out_axis or len(ab.segments) != 1:
+                        continue
+                    factors = ab.segments[0].factors
+                    if any(f.variance != "co" or f.path for f in factors):
+                        continue
+                    chain = [user]  # and elementwise functions of it
+                    while True:
+                        nxt = [s for s in g.successors(chain[-1]) if g.nodes[s]["target"] in ELEMENTWISE]
+                        if len(list(g.successors(chain[-1]))) != 1 or len(nxt) != 1:
+                            break
+                        chain.append(nxt[0])
+                    for f in factors:  # a composition (mlp[i] @ scale[i]): a site of each
+                        for k, node in enumerate(chain):
+                            add(f.space, node, "pre" if k == 0 else "post")
+            if op in _LINEAR_IN_AXIS and len(binding.shape) == 2:
+                in_axis = _LINEAR_IN_AXIS[op]
+                source = next((i for i in data.get("inputs", []) if not (set(g.nodes[i].get("params", [])) & params)), None)
+                if source is None:
                     continue
-                factors = ab.segments[0].factors
-                if len(factors) != 1 or factors[0].variance != "co" or factors[0].path:
-                    continue
-                space = factors[0].space
-                sites.setdefault(space, []).append(Site(user, -1, "pre", data.get("module", "")))
-                # follow elementwise functions of it
-                cur = user
-                while True:
-                    nxt = [s for s in g.successors(cur) if g.nodes[s]["target"] in ELEMENTWISE]
-                    if len(list(g.successors(cur))) != 1 or len(nxt) != 1:
-                        break
-                    cur = nxt[0]
-                    sites[space].append(Site(cur, -1, "post", g.nodes[cur].get("module", "")))
-    mg.sites = sites
+                for ab in binding.axes:
+                    if ab.axis != in_axis or len(ab.segments) != 1:
+                        continue
+                    for f in ab.segments[0].factors:
+                        if f.variance == "contra" and not f.path:
+                            add(f.space, source, "post")
+    mg.sites = {space: list(nodes.values()) for space, nodes in found.items()}
