@@ -55,10 +55,10 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
     models of different shapes, an empty split, fewer than 2 points).
     """
     import torch
+
     from symspec.analyzers.barrier import Measurer
     from symspec.analyzers.data import load_data
     from symspec.analyzers.report import BarrierReport
-
     from symspec.loading import load_model
 
     methods = tuple(dict.fromkeys(methods)) or ("none",)
@@ -136,6 +136,7 @@ class _progress:
 
 def _print(report: Any, written: list[str]) -> None:
     from rich.table import Table
+
     from symspec.analyzers.barrier import LABELS
 
     d = report.data

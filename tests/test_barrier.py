@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from symspec.analyzers.barrier import (
     ALIGNERS,
     Aligned,
@@ -31,7 +32,6 @@ from symspec.analyzers.data import DataError, EvalData, cross_entropy, load_data
 from symspec.analyzers.interpolate import PathError, lambdas
 from symspec.analyzers.report import REPORT_SCHEMA, BarrierReport
 from symspec.analyzers.testing import fit, planted_pair
-
 from symspec.errors import SymspecInputError
 from tests.zoo import example
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+
 from symspec.analyzers.data import load_data, write_idx
 from symspec.analyzers.report import REPORT_SCHEMA
 from symspec.analyzers.testing import fit, planted_pair
 from symspec.cli.main import cli
-
 from symspec.loading import load_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from symspec.analyzers.data import (
     MNIST_MEAN,
     MNIST_STD,
@@ -28,7 +29,6 @@ from symspec.analyzers.data import (
     split_bounds,
     write_idx,
 )
-
 from symspec.errors import SymspecInputError
 from symspec.loading import load_model
 from tests.zoo import example

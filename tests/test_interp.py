@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from symspec.analyzers.data import EvalData, cross_entropy, load_data
 from symspec.analyzers.interpolate import (
     PathError,
@@ -25,7 +26,6 @@ from symspec.analyzers.interpolate import (
     lambdas,
     lerp_state,
 )
-
 from tests.zoo import example
 
 
