@@ -43,6 +43,17 @@ class RecordError(SymspecInputError):
     """A transform record that cannot be read, or does not fit the model it is applied to."""
 
 
+def reversed_chains(problem: Any) -> Any:
+    """The problem whose factor chains (``mlp[i] @ scale[i]``) run backwards: with inverse
+    elements it undoes the original."""
+    params = {}
+    for name, pb in problem.params.items():
+        axes = tuple(attrs.evolve(ab, segments=tuple(attrs.evolve(seg, factors=seg.factors[::-1]) for seg in ab.segments))
+                     for ab in pb.axes)
+        params[name] = attrs.evolve(pb, axes=axes)
+    return attrs.evolve(problem, params=params)
+
+
 def _jsonable(x: Any) -> Any:
     return json.loads(json.dumps(x, default=str))
 
@@ -55,6 +66,8 @@ class TransformRecord:
     elements act; :meth:`apply` runs them unless told not to. ``inverted``: this record
     undoes another; it acts on already transformed (canonical) weights and gives back the
     canonical model, never the raw one (canonicalisation folds norms and is not invertible).
+    Its elements are the inverses of the original's, and it applies every factor chain in
+    reverse order.
     """
 
     spec: str
@@ -107,7 +120,8 @@ class TransformRecord:
             if not hasattr(bound, "canonical"):
                 raise RecordError("canonicalising needs the BoundSpec, not just its Problem")
             sd = canonicalize_state_dict(bound, sd)
-        return apply_elements(problem, self.elements, sd)
+        # (A B)^-1 = B^-1 A^-1: an inverted record runs every factor chain backwards
+        return apply_elements(reversed_chains(problem) if self.inverted else problem, self.elements, sd)
 
     # -- files -----------------------------------------------------------------------------
     def index(self) -> dict[str, Any]:

@@ -86,6 +86,14 @@ class Term:
         """sum w ||a||^2, [*batch]."""
         return self._cached("a_sq", lambda: self.rows_sq().sum(-1))
 
+    def gram_a(self) -> torch.Tensor:
+        """sum w a a^T, [*batch, n, n] (model A's side; for the equation-error start of GL)."""
+        return self._cached("gram_a", self._gram_a)
+
+    def gram_a_blocks(self, size: int) -> torch.Tensor:
+        """The diagonal blocks of ``gram_a``, [*batch, n / size, size, size]."""
+        return self._cached(("gram_a_blocks", size), lambda: _diag_blocks(self.gram_a(), size))
+
     def rows_sq(self) -> torch.Tensor:
         """sum w ||a_i||^2 per row i, [*batch, n]."""
         return self._cached("rows_sq", self._rows_sq)
@@ -102,11 +110,17 @@ class Term:
     def _gram_diag(self) -> torch.Tensor:
         return torch.diagonal(self.gram(), dim1=-2, dim2=-1)
 
+    def _gram_a(self) -> torch.Tensor:
+        raise SolverError("this term does not carry A's Gram matrix")
+
     def _gram_blocks(self, size: int) -> torch.Tensor:
-        g = self.gram()
-        n = g.shape[-1]
-        blocks = g.reshape(*g.shape[:-2], n // size, size, n // size, size)
-        return torch.diagonal(blocks, dim1=-4, dim2=-2).movedim(-1, -3)
+        return _diag_blocks(self.gram(), size)
+
+
+def _diag_blocks(g: torch.Tensor, size: int) -> torch.Tensor:
+    n = g.shape[-1]
+    blocks = g.reshape(*g.shape[:-2], n // size, size, n // size, size)
+    return torch.diagonal(blocks, dim1=-4, dim2=-2).movedim(-1, -3)
 
 
 class StatTerm(Term):
@@ -114,10 +128,12 @@ class StatTerm(Term):
 
     def __init__(self, path: Path, variance: str, cross: torch.Tensor,
                  gram: torch.Tensor | Callable[[], torch.Tensor], rows_sq: torch.Tensor,
-                 b_sq: torch.Tensor | None = None, role: str = "outer", inner_variance: str | None = None) -> None:
+                 b_sq: torch.Tensor | None = None, role: str = "outer", inner_variance: str | None = None,
+                 gram_a: torch.Tensor | Callable[[], torch.Tensor] | None = None) -> None:
         super().__init__(path, variance, role, inner_variance)
         #: sum w ||b||^2 when known (what ||F(g) b||^2 is for orthogonal F)
         self.b_sq = b_sq
+        self._ga = gram_a
         self._c = cross
         self._g = gram
         self._r = rows_sq
@@ -130,6 +146,11 @@ class StatTerm(Term):
 
     def _rows_sq(self) -> torch.Tensor:
         return self._r
+
+    def _gram_a(self) -> torch.Tensor:
+        if self._ga is None:
+            return super()._gram_a()
+        return self._ga() if callable(self._ga) else self._ga
 
 
 class SumTerm(Term):
@@ -153,6 +174,12 @@ class SumTerm(Term):
 
     def _rows_sq(self) -> torch.Tensor:
         return _sum(t.rows_sq() for t in self.terms)
+
+    def _gram_a(self) -> torch.Tensor:
+        return _sum(t.gram_a() for t in self.terms)
+
+    def gram_a_blocks(self, size: int) -> torch.Tensor:
+        return self._cached(("gram_a_blocks", size), lambda: _sum(t.gram_a_blocks(size) for t in self.terms))
 
 
 @attrs.frozen
@@ -215,6 +242,19 @@ class DataTerm(Term):
 
     def _rows_sq(self) -> torch.Tensor:
         return _sum(p.weight * p.a.square().sum(-1) for p in self.pieces)
+
+    def _gram_a(self) -> torch.Tensor:
+        return _sum(p.weight * (p.a @ p.a.mT) for p in self.pieces)
+
+    def gram_a_blocks(self, size: int) -> torch.Tensor:
+        def blocks() -> torch.Tensor:
+            out = []
+            for p in self.pieces:
+                aa = p.a.reshape(*p.a.shape[:-2], p.a.shape[-2] // size, size, p.a.shape[-1])
+                out.append(p.weight * (aa @ aa.mT))
+            return _sum(out)
+
+        return self._cached(("gram_a_blocks", size), blocks)
 
 
 def _sum(xs: Any) -> torch.Tensor:
@@ -349,6 +389,9 @@ class StackTerm(Term):
 
     def _rows_sq(self) -> torch.Tensor:
         return torch.stack([t.rows_sq() for t in self.terms])
+
+    def _gram_a(self) -> torch.Tensor:
+        return torch.stack([t.gram_a() for t in self.terms])
 
 
 def stack_elements(elements: list[Element]) -> Element:

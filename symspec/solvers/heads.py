@@ -19,6 +19,8 @@ The aligned model keeps its architecture: no head is widened or split.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..groups import Element, Group, Heads
@@ -116,6 +118,11 @@ def assign_heads(group: Heads, sq: torch.Tensor, skv: torch.Tensor) -> tuple[tor
     return perm, qperm
 
 
+def _gram_a_of(t: Term, dh: int, dst: torch.Tensor | None) -> torch.Tensor:
+    blocks = t.gram_a_blocks(dh)
+    return blocks if dst is None else blocks[dst].sum(1)
+
+
 def _within_terms(group: Heads, name: str, pts: list[tuple[Term, bool]], perm: torch.Tensor,
                   qperm: torch.Tensor) -> list[Term]:
     """Statistics of the within-head problem of each new key/value head j (batch [K])."""
@@ -128,13 +135,15 @@ def _within_terms(group: Heads, name: str, pts: list[tuple[Term, bool]], perm: t
             c = _blocks(t.cross(), k, dh)[jj, perm]  # [K, dh, dh]
             g = t.gram_blocks(dh)[perm]
             r = t.rows_sq().reshape(k, dh)
+            ga = functools.partial(_gram_a_of, t, dh, None)
         else:
             src = perm[:, None] * gs + qperm  # [K, gs]: the old query head of new (j, t)
             dst = jj[:, None] * gs + torch.arange(gs, device=perm.device)
             c = _blocks(t.cross(), h, dh)[dst, src].sum(1)
             g = t.gram_blocks(dh)[src].sum(1)
             r = t.rows_sq().reshape(k, gs, dh).sum(1)
-        out.append(StatTerm((), t.variance, c, g, r))
+            ga = functools.partial(_gram_a_of, t, dh, dst)
+        out.append(StatTerm((), t.variance, c, g, r, gram_a=ga))
     return out
 
 

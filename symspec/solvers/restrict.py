@@ -5,7 +5,7 @@ A restriction maps every space's group to a subgroup with the same representatio
 - ``full``: the group itself;
 - ``perm``: its permutation subgroup, the paper's ablation: O(n), OC(n), GL(n), SP(n)
   -> S(n) (on a residual stream: the paper's permutation baseline); D(n), Dpos(n) and the
-  RoPE commutant -> Id(n); a head group keeps its head permutation and drops its
+  RoPE commutant, a global sign -> Id(n); a head group keeps its head permutation and drops its
   within-head maps (Heads(H, qk=GL(dh), ...) -> Heads(H, qk=Id(dh), ...));
 - ``fixed``: Id(n), the space is not searched.
 
@@ -38,6 +38,7 @@ PERMUTATION_SUBGROUP: dict[str, Callable[[Group], Group]] = {
     "D": lambda g: Id(g.n),
     "Dpos": lambda g: Id(g.n),
     "RoPE": lambda g: Id(g.n),
+    "Sign": lambda g: Id(g.n),
     "Id": lambda g: g,
     # head permutations only: the within-head maps are not searched (the paper's baseline)
     "Heads": lambda g: Heads(g.heads, tuple((name, Id(w.n)) for name, w in g.parts), g.kv),  # type: ignore[attr-defined]

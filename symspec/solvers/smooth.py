@@ -6,8 +6,9 @@ dual side of a QK pairing, the input axis of the next layer) gives the objective
     f(X) = sum_co w||a - X b||^2 + sum_contra w||a - X^-T b||^2,
 
 with no closed form when both kinds are present. Each solver starts from the best of
-closed-form least-squares candidates (the co side alone: X = C G^-1; the contra side
-alone: X^-T = C G^-1; the identity; the current element) and then
+closed-form candidates (the co side alone: X = C G^-1; the contra side alone:
+X^-T = C G^-1; the equation-error solution of a Sylvester equation; the identity; the
+current element) and then
 
 - GL: runs a batched Gauss-Newton iteration on the group (each step solves a Sylvester
   equation exactly) with a backtracking (Armijo) line search on the exact objective;
@@ -28,7 +29,7 @@ from collections.abc import Callable
 import torch
 
 from ..groups import Element, Group, RoPE
-from .base import SolveContext, Term, require_variances, solver
+from .base import SolveContext, SolverError, Term, require_variances, solver
 
 Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # cross, gram, a_sq
 
@@ -143,8 +144,23 @@ def gauss_newton_gl(co: Stats, ct: Stats, x0: torch.Tensor, *, max_iter: int = 1
     return x, f
 
 
-def minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx: SolveContext) -> torch.Tensor:
-    """The best X [B, n, n] for co terms (X) and contra terms (X^-T), from ``current``."""
+def equation_error(co: Stats, ct: Stats, h_ct: torch.Tensor) -> torch.Tensor:
+    """The X minimising ``||X b_co - a_co||^2 + ||X^T a_ct - b_ct||^2``: the contra side's
+    error measured before inversion, which makes the problem linear. Its normal equations
+    are the Sylvester equation ``H X + X G = C_co + C_ct`` (H: A's Gram of the contra
+    terms, G: B's Gram of the co terms), solved by two eigendecompositions. Exact on
+    planted pairs; a start that avoids the poor local minima of the exact objective."""
+    lam, u = torch.linalg.eigh(h_ct)
+    sig, v = torch.linalg.eigh(co[1])
+    den = lam[:, :, None] + sig[:, None, :]
+    den = den + 1e-12 * den.amax((-1, -2), keepdim=True).clamp_min(torch.finfo(den.dtype).tiny)
+    return u @ ((u.mT @ (co[0] + ct[0]) @ v) / den) @ v.mT
+
+
+def minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx: SolveContext,
+                h_ct: torch.Tensor | None = None) -> torch.Tensor:
+    """The best X [B, n, n] for co terms (X) and contra terms (X^-T), from ``current``
+    (``h_ct``: A's Gram of the contra terms, for the equation-error start)."""
     n = current.shape[-1]
     fg = _gl_fun_grad(co, ct)
     eye = torch.eye(n, dtype=current.dtype, device=current.device).expand_as(current)
@@ -154,6 +170,8 @@ def minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx: 
     if ct is not None:
         inv, info = torch.linalg.inv_ex(_ls(ct))
         cands.append(torch.where((info == 0)[:, None, None], inv.mT, eye))
+    if co is not None and ct is not None and h_ct is not None:
+        cands.append(equation_error(co, ct, h_ct))
     vals = torch.stack([fg(c)[0] for c in cands])  # [K, B]
     vals = torch.where(torch.isfinite(vals), vals, torch.inf)
     best = vals.argmin(0)
@@ -174,8 +192,16 @@ def solve_gl(group: Group, terms: list[Term], current: Element, ctx: SolveContex
     ct = _stats(terms, "contra", batch, n, m.device)
     if co is None and ct is None:
         return current
-    x = minimize_gl(co, ct, m.to(torch.float64).reshape(-1, n, n), ctx)
+    x = minimize_gl(co, ct, m.to(torch.float64).reshape(-1, n, n), ctx, _gram_a(terms, "contra", n) if co and ct else None)
     return {"matrix": x.reshape(m.shape).to(m.dtype)}
+
+
+def _gram_a(terms: list[Term], variance: str, n: int) -> torch.Tensor | None:
+    """A's Gram of the terms of one variance, [B, n, n], or None where a term lacks it."""
+    try:
+        return sum(t.gram_a().to(torch.float64) for t in terms if t.variance == variance).reshape(-1, n, n)  # type: ignore[union-attr]
+    except SolverError:
+        return None
 
 
 # ---------------------------------------------------------------------------------------
@@ -353,6 +379,7 @@ def solve_rope(group: Group, terms: list[Term], current: Element, ctx: SolveCont
 
         rest = current["rest"]
         m = n - group.rot
-        x = minimize_gl(sub(co), sub(ct), rest.to(torch.float64).reshape(-1, m, m), ctx)
+        h = _gram_a(terms, "contra", n) if co is not None and ct is not None else None
+        x = minimize_gl(sub(co), sub(ct), rest.to(torch.float64).reshape(-1, m, m), ctx, None if h is None else h[:, sl, sl])
         out["rest"] = x.reshape(rest.shape).to(rest.dtype)
     return out

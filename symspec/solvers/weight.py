@@ -174,7 +174,8 @@ class _Engine:
                     w = self.weight[p]
                     self.static_terms[inc] = StatTerm(
                         inc.factor.path, inc.factor.variance, w * (a @ b.mT),
-                        (lambda b=b, w=w: w * (b @ b.mT)), w * a.square().sum(-1), b_sq=w * b.square().sum())
+                        (lambda b=b, w=w: w * (b @ b.mT)), w * a.square().sum(-1), b_sq=w * b.square().sum(),
+                        gram_a=(lambda a=a, w=w: w * (a @ a.mT)))
 
         self.cur: dict[str, torch.Tensor] = {}
         self.obj: dict[str, float] = {}

@@ -1,0 +1,247 @@
+"""Weight matching end to end: planted recovery for every spec, monotone descent, the
+permutation-only ablation, wrong specs, and the input errors of weight_match."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import symspec
+from symspec.bind import bind
+from symspec.errors import SymspecInputError
+from symspec.match import interpolate_state_dicts, weight_distance, weight_match
+from symspec.spec import builtin_names, loads_spec
+from symspec.transforms import (
+    apply_elements,
+    canonicalize_model,
+    sample_elements,
+)
+from tests.zoo import ZOO
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+def build(name: str, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    """A zoo model in float64; skips (with the reason) when its family's package is missing."""
+    if name not in ZOO:
+        pytest.fail(f"spec '{name}' has no entry in tests/zoo.py, so its matching is untested")
+    try:
+        model, inputs = ZOO[name](**kw)
+    except ImportError as e:
+        pytest.skip(f"{name} needs an optional package: {e}")
+    return model.double().eval(), inputs
+
+
+def planted(name: str, seed: int = 0, **kw: Any) -> tuple[torch.nn.Module, torch.nn.Module, Any, dict[str, Any]]:
+    """(A, B = g.A as a module of A's class in canonical form, bound spec, g)."""
+    model, _ = build(name, seed=seed, **kw)
+    spec = symspec.load_spec(name)
+    bound = bind(spec, model)
+    canon = canonicalize_model(bound, model)
+    sd = {k: v.detach() for k, v in canon.state_dict().items()}
+    g = sample_elements(bound.problem, seed=seed + 17)
+    b = canonicalize_model(bound, model)
+    b.load_state_dict(apply_elements(bound.problem, g, sd))
+    return model, b, bound, g
+
+
+def assert_recovers(name: str, seed: int = 0, **kw: Any) -> None:
+    a, b, bound, g = planted(name, seed, **kw)
+    res = weight_match(a, b, bound.spec, rounds=30, tol=1e-12)
+    problem = bound.problem
+    for p in problem.params:
+        want, got = res.canonical_a[p], res.aligned_b[p]
+        scale = float(want.abs().max())
+        err = float((want - got).abs().max())
+        assert err <= 1e-6 * max(scale, 1e-12), f"{name}: {p} differs by {err:.3g} (scale {scale:.3g})"
+    # The record is g^-1 up to the stabiliser of B's weights. Acting together, the record
+    # maps B onto A (checked above); a space that acts alone on every axis it touches must
+    # also match on its own: the same element, or the same action on B's weights. (Spaces
+    # in factor chains, mlp[i] @ up[i], are inverted jointly: (P D)^-1 = P^-1 (P D^-1 P^-1).)
+    cb = res.canonical_b
+    chained = {f.space for pb in problem.params.values() for ab in pb.axes for seg in ab.segments
+               if len(seg.factors) > 1 for f in seg.factors}
+    for s, si in problem.spaces.items():
+        if s in chained:
+            continue
+        found, want = res.record.elements[s], si.group.inverse(g[s])
+        if si.group.equal(found, want, atol=1e-6):
+            continue
+        x = apply_elements(problem, {s: found}, cb)
+        y = apply_elements(problem, {s: want}, cb)
+        for p in problem.params_of(s):
+            assert torch.allclose(x[p], y[p], atol=1e-6 * max(float(y[p].abs().max()), 1e-12), rtol=0), f"{name}: space {s} acts differently on {p}"
+    assert res.history[-1] <= 1e-12 * res.history[0]
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_planted_recovery_for_every_spec(name: str) -> None:
+    assert_recovers(name, seed=3)
+
+
+def _sizes(name: str, draw: st.DrawFn) -> dict[str, int]:
+    params = inspect.signature(ZOO[name]).parameters
+    kw = {"n_layer": draw(st.integers(1, 2)), "n_head": draw(st.sampled_from([2, 4])), "head_dim": draw(st.sampled_from([2, 4]))}
+    if "n_kv" in params:
+        kw["n_kv"] = draw(st.sampled_from([k for k in (1, 2, 4) if kw["n_head"] % k == 0]))
+    return kw
+
+
+@st.composite
+def planted_cases(draw: st.DrawFn) -> tuple[str, int, dict[str, int]]:
+    name = draw(st.sampled_from(sorted(ZOO)))
+    return name, draw(st.integers(0, 2**16)), _sizes(name, draw)
+
+
+@given(planted_cases())
+def test_planted_recovery_property(case: tuple[str, int, dict[str, int]]) -> None:
+    name, seed, sizes = case
+    assert_recovers(name, seed, **sizes)
+
+
+# -- independent pairs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["nanogpt", "vit", "gpt2", "llama", "opt", "bert"])
+def test_objective_decreases_monotonically_and_full_beats_permutations(name: str) -> None:
+    a, _ = build(name, seed=0)
+    b, _ = build(name, seed=1)
+    full = weight_match(a, b, name, rounds=6, tol=0.0)
+    perm = weight_match(a, b, name, groups="perm", rounds=6, tol=0.0)
+    for res in (full, perm):
+        h = res.history
+        assert len(h) >= 2 and h[1] < h[0]
+        assert all(later <= earlier for earlier, later in itertools.pairwise(h)), h
+        assert res.history[-1] == pytest.approx(res.distance("aligned"), rel=1e-9)
+    assert full.distance("canonical") == pytest.approx(perm.distance("canonical"))
+    assert full.distance("aligned") < perm.distance("aligned") < perm.distance("canonical")
+
+
+def test_aligned_model_keeps_the_function_of_b() -> None:
+    # aligning only re-parametrises B: the canonical module with aligned weights computes B
+    a, _ = build("nanogpt", seed=0)
+    b, inputs = build("nanogpt", seed=1)
+    res = weight_match(a, b, "nanogpt", rounds=3)
+    m = res.canonical_model
+    assert m is not None and type(m) is type(a)
+    m.load_state_dict(res.aligned_b)
+    with torch.no_grad():
+        assert torch.allclose(m(*inputs), b(*inputs), atol=1e-9, rtol=0)
+        m.load_state_dict(res.interpolate(0.0))
+        assert torch.allclose(m(*inputs), a(*inputs), atol=1e-9, rtol=0)
+
+
+def test_inputs_are_not_modified() -> None:
+    a, _ = build("gpt2", seed=0)
+    b, _ = build("gpt2", seed=1)
+    before = {k: v.clone() for k, v in b.state_dict().items()}
+    before_a = {k: v.clone() for k, v in a.state_dict().items()}
+    weight_match(a, b, "gpt2", rounds=2)
+    assert all(torch.equal(before[k], v) for k, v in b.state_dict().items())
+    assert all(torch.equal(before_a[k], v) for k, v in a.state_dict().items())
+
+
+# -- wrong specs must fail recovery --------------------------------------------------------
+
+
+def _variant(name: str, *replacements: tuple[str, str]) -> symspec.Spec:
+    text = (SPECS / f"{name}.yaml").read_text()
+    for old, new in replacements:
+        assert old in text, old
+        text = text.replace(old, new)
+    return loads_spec(text, f"{name}-variant.yaml")
+
+
+@pytest.mark.parametrize(
+    ("what", "replacements"),
+    [
+        ("a residual restricted to permutations", (("group: OC(d)", "group: S(d)"),)),
+        ("the output projection bound co instead of contra", (("    - attn[i].ov*\n", "    - attn[i].ov\n"),)),
+    ],
+)
+def test_a_wrong_spec_does_not_recover_a_planted_pair(what: str, replacements: tuple[tuple[str, str], ...]) -> None:
+    a, b, _, _ = planted("nanogpt", seed=2)
+    wrong = _variant("nanogpt", *replacements)
+    res = weight_match(a, b, wrong, rounds=10)
+    ref = weight_match(a, b, "nanogpt", rounds=10)
+    assert ref.distance() <= 1e-12 * ref.distance("canonical")
+    assert res.distance() > 1e-3 * res.distance("canonical"), what
+
+
+def test_permutations_alone_cannot_undo_a_planted_rotation() -> None:
+    a, b, _, _ = planted("nanogpt", seed=4)
+    perm = weight_match(a, b, "nanogpt", groups="perm", rounds=10)
+    assert perm.distance() > 1e-2 * perm.distance("canonical")
+    assert perm.record.searched["resid"] == "S(8)"
+    assert perm.record.groups["resid"] == "OC(8)"  # the record names the spec's group
+    # the permutation found is written as an OC(8) matrix that is a permutation
+    q = perm.record.elements["resid"]["matrix"]
+    assert symspec.groups.S(8).contains(q)
+
+
+def test_per_space_restrictions() -> None:
+    a, b, _, _ = planted("nanogpt", seed=5)
+    res = weight_match(a, b, "nanogpt", groups="perm,resid=full,attn=full", rounds=20, tol=1e-12)
+    assert res.distance() <= 1e-12 * res.distance("canonical")
+    fixed = weight_match(a, b, "nanogpt", groups="full,ff=fixed", rounds=5)
+    assert all(torch.equal(fixed.elements[s]["perm"], torch.arange(12)) for s in ("ff[0]", "ff[1]"))
+    with pytest.raises(SymspecInputError, match="did you mean 'perm'"):
+        weight_match(a, b, "nanogpt", groups="prem")
+    with pytest.raises(SymspecInputError, match="no space 'mlp'"):
+        weight_match(a, b, "nanogpt", groups="mlp=perm")
+
+
+# -- input errors ---------------------------------------------------------------------------
+
+
+def test_models_that_do_not_fit_one_spec() -> None:
+    a, _ = build("nanogpt", seed=0)
+    b, _ = build("nanogpt", seed=1, n_ff=16)
+    with pytest.raises(SymspecInputError, match=r"do not fit one spec.*ff\[0\] is S\(12\) in A but S\(16\) in B"):
+        weight_match(a, b, "nanogpt")
+    v, _ = build("vit", seed=0)
+    with pytest.raises(SymspecInputError, match="does not fit"):
+        weight_match(a, v, "nanogpt")
+
+
+def test_non_finite_weights_are_refused() -> None:
+    a, _ = build("nanogpt", seed=0)
+    b, _ = build("nanogpt", seed=1)
+    with torch.no_grad():
+        b.transformer.h[1].mlp.c_fc.weight[0, 0] = float("nan")
+    with pytest.raises(SymspecInputError, match=r"model B has NaN or inf weights in transformer\.h\.1\.mlp\.c_fc\.weight"):
+        weight_match(a, b, "nanogpt")
+
+
+def test_state_dict_inputs_and_helpers() -> None:
+    a, _ = build("nanogpt", seed=0)
+    b, _ = build("nanogpt", seed=1)
+    res = weight_match(a.state_dict(), b.state_dict(), "nanogpt", config=a.config, rounds=3)
+    assert res.canonical_model is None
+    ref = weight_match(a, b, "nanogpt", rounds=3)
+    assert res.history == pytest.approx(ref.history)
+    mid = interpolate_state_dicts(res.canonical_a, res.aligned_b, 0.25)
+    p = "transformer.h.0.mlp.c_fc.weight"
+    assert torch.allclose(mid[p], 0.75 * res.canonical_a[p] + 0.25 * res.aligned_b[p])
+    assert weight_distance(res.bound, res.canonical_a, res.canonical_a) == 0.0
+    summary = res.summary()
+    assert summary["objective"] == res.history and summary["spec"] == "nanogpt" and "total" in summary["timings"]
+
+
+def test_progress_events() -> None:
+    a, _ = build("nanogpt", seed=0)
+    b, _ = build("nanogpt", seed=1)
+    events: list[Any] = []
+    res = weight_match(a, b, "nanogpt", rounds=2, tol=0.0, progress=events.append)
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "start" and kinds.count("round") == len(res.history) - 1
+    spaces = {e.space for e in events if e.kind == "space"}
+    assert spaces == {"resid", "ff[0]", "ff[1]", "attn[0]", "attn[1]"}
+    assert [e.objective for e in events if e.kind == "round"] == res.history[1:]
