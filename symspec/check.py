@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import torch
 
-from .bind import BoundSpec, bind
+from .bind import BoundSpec, CanonOp, bind
 from .groups import Element
 from .precision import KeepFloat64
 from .problem import ParamBinding, Problem
@@ -179,12 +179,24 @@ def canonicalize_inplace(bound: BoundSpec, module: torch.nn.Module) -> None:
     live = _live(module)
     views = {k: v.detach() for k, v in live.items()}
     with torch.no_grad():
-        for op in bound.canonical:
+        for op in _one_writer_at_a_time(bound.canonical):
             sd = dict(views)
             STEP_IMPLS[op.kind](op, sd)
             for k, v in sd.items():
                 if v is not views[k]:
                     live[k].copy_(v)
+
+
+def _one_writer_at_a_time(ops: Sequence[CanonOp]) -> list[CanonOp]:
+    """``center`` centres each writer on its own: split it, so that only one writer's
+    centred copy (the embedding, for a language model) exists at a time."""
+    out: list[CanonOp] = []
+    for op in ops:
+        if op.kind == "center":
+            out += [attrs.evolve(op, args={**op.args, "writers": [w]}) for w in op.args["writers"]]
+        else:
+            out.append(op)
+    return out
 
 
 def _reversed_chains(binding: ParamBinding) -> ParamBinding:
@@ -310,7 +322,7 @@ def _shares_chain(problem: Problem, names: set[str]) -> bool:
 def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, samples: int = 3, seed: int = 0,
           dtypes: Sequence[str] = ("float64", "float32"), spaces: Sequence[str] | None = None,
           rtol: Mapping[str, float] | None = None, cond: float = 10.0,
-          progress: Callable[[str], None] | None = None, exact64: bool = True) -> CheckReport:
+          progress: Callable[[str], None] | None = None, exact64: bool = True, trace: bool = False) -> CheckReport:
     """Check that every declared symmetry of ``spec`` preserves ``model``'s function.
 
     ``inputs``: the positional inputs of ``model.forward`` (a tensor, a tuple) or a
@@ -320,6 +332,10 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
     model (Hugging Face's RMSNorm, eager softmax) keep float64 (:mod:`symspec.precision`),
     and the report says where. With ``exact64=False`` they are only detected, and the
     float64 rows then use the float32 tolerance. ``model`` itself is never modified.
+
+    ``trace``: also trace the model (:func:`symspec.graph.trace`) and say in a note how
+    (or why not: the check itself needs no graph). A ``BoundSpec`` bound with
+    ``trace=True`` gets the same note.
     """
     tol = {**DEFAULT_RTOL, **(rtol or {})}
     if samples < 1:
@@ -327,7 +343,7 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
     for dt in dtypes:
         if dt not in DTYPES:
             raise ValueError(f"unknown dtype {dt!r}; use float64 or float32")
-    bound = spec if isinstance(spec, BoundSpec) else bind(spec, model)
+    bound = spec if isinstance(spec, BoundSpec) else bind(spec, model, example_inputs=inputs, trace=trace)
     problem = bound.problem
     say = progress or (lambda msg: None)
     report = CheckReport(bound.spec.name, type(model).__name__, [])
