@@ -15,6 +15,8 @@ by it. The result keeps the architecture: ``aligned_b`` loads into ``canonical_m
 
 from __future__ import annotations
 
+import copy
+import itertools
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +31,8 @@ from .groups import Element
 from .record import TransformRecord
 from .solvers import MatchEvent, Timer, embed, match_weights, parse_restriction, restrict_problem
 from .spec.model import Spec
-from .transforms import apply_elements, canonicalize_model, canonicalize_state_dict
+from .transforms import apply_elements, canonicalize_state_dict
+from .transforms.canonical import untie_module
 
 ModelLike = torch.nn.Module | Mapping[str, torch.Tensor]
 
@@ -57,11 +60,20 @@ class MatchResult:
     timings: dict[str, float]
     converged: bool
     searched: dict[str, str]
-    canonical_model: torch.nn.Module | None = None
+    model_a: torch.nn.Module | None = attrs.field(default=None, repr=False)
+    _canonical_model: torch.nn.Module | None = attrs.field(default=None, init=False, repr=False)
 
     @property
     def spec(self) -> Spec:
         return self.bound.spec
+
+    @property
+    def canonical_model(self) -> torch.nn.Module | None:
+        """A's module in canonical form (a copy of the same class; built on first use, so
+        that callers who only need the weights do not pay for it). None for state dicts."""
+        if self._canonical_model is None and self.model_a is not None:
+            self._canonical_model = canonical_module(self.bound, self.model_a, self.canonical_a)
+        return self._canonical_model
 
     def distance(self, which: str = "aligned") -> float:
         """Squared weight distance over the bound parameters between canonical A and
@@ -117,8 +129,14 @@ def _resolve_spec(spec: Spec | BoundSpec | str | Path) -> Spec | BoundSpec:
     return load_spec(spec)
 
 
+def _finite(v: torch.Tensor) -> bool:
+    # one pass without a temporary: a finite sum means finite entries; an infinite sum
+    # may be an overflow of finite entries, so then look at them
+    return bool(torch.isfinite(v.sum())) or bool(torch.isfinite(v).all())
+
+
 def check_finite(sd: Mapping[str, torch.Tensor], which: str) -> None:
-    bad = [k for k, v in sd.items() if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    bad = [k for k, v in sd.items() if isinstance(v, torch.Tensor) and v.is_floating_point() and not _finite(v)]
     if bad:
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise SymspecInputError(f"model {which} has NaN or inf weights in {', '.join(bad[:3])}{more}")
@@ -147,7 +165,7 @@ def check_same_problem(ba: BoundSpec, bb: BoundSpec) -> None:
 def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str | Path, *,
                  groups: str | Mapping[str, str] | None = None, rounds: int = 10, tol: float = 1e-6,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 progress: Any = None, config: Any = None, max_iter: int = 10,
+                 progress: Any = None, config: Any = None, max_iter: int = 5,
                  greedy_start: bool = True) -> MatchResult:
     """Align ``model_b`` to ``model_a`` in weight space under ``spec`` (data-free).
 
@@ -170,13 +188,16 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
         bound_b = bind(bound_a.spec, model_b, config=config)
         check_same_problem(bound_a, bound_b)
     sd_a, sd_b = _state(model_a), _state(model_b)
-    check_finite(sd_a, "A")
-    check_finite(sd_b, "B")
+    with timer("check"):
+        check_finite(sd_a, "A")
+        check_finite(sd_b, "B")
     with timer("canonicalize"):
         ca = canonicalize_state_dict(bound_a, sd_a)
         cb = canonicalize_state_dict(bound_b, sd_b)
-        check_finite(ca, "A (canonical form)")
-        check_finite(cb, "B (canonical form)")
+    with timer("check"):
+        # the entries canonicalisation rewrote (a finite model can overflow when folded)
+        check_finite({k: v for k, v in ca.items() if v is not sd_a.get(k)}, "A (canonical form)")
+        check_finite({k: v for k, v in cb.items() if v is not sd_b.get(k)}, "B (canonical form)")
     problem = bound_a.problem
     modes = parse_restriction(groups, problem)
     searched_problem = restrict_problem(problem, modes)
@@ -198,14 +219,29 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
         meta={"objective": res.history, "rounds": len(res.history) - 1, "converged": res.converged,
               "groups": _mode_text(modes), "dtype": str(work_dtype).removeprefix("torch.")},
     )
-    canonical_model = None
-    if isinstance(model_a, torch.nn.Module):
-        with timer("canonicalize"):
-            canonical_model = canonicalize_model(bound_a, model_a)
     timings = timer.as_dict()
     timings["total"] = time.perf_counter() - t0
     return MatchResult(bound_a, ca, cb, aligned, elements, record, res.history, timings, res.converged,
-                       {s: str(searched_problem.spaces[s].group) for s in problem.spaces}, canonical_model)
+                       {s: str(searched_problem.spaces[s].group) for s in problem.spaces},
+                       model_a if isinstance(model_a, torch.nn.Module) else None)
+
+
+def canonical_module(bound: BoundSpec, model: torch.nn.Module, canonical: Mapping[str, torch.Tensor]) -> torch.nn.Module:
+    """A copy of ``model`` (same class) holding the canonical weights ``canonical``: what
+    :func:`~symspec.transforms.canonicalize_model` returns, without canonicalising again
+    and without first copying the old weights."""
+    memo: dict[int, Any] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.is_floating_point() and id(t) not in memo:
+            empty = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            memo[id(t)] = torch.nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
+    out = copy.deepcopy(model, memo)
+    for op in bound.canonical:
+        if op.kind == "untie":
+            untie_module(out, op.args["param"])
+    own = out.state_dict()
+    out.load_state_dict({k: v for k, v in canonical.items() if k in own}, strict=False)
+    return out.eval() if not model.training else out
 
 
 def _to_cpu(e: Element) -> Element:

@@ -312,8 +312,10 @@ class SolveContext:
     device: torch.device = attrs.field(factory=lambda: torch.device("cpu"))
     dtype: torch.dtype = torch.float64
     timer: Timer = attrs.field(factory=Timer)
-    #: Gauss-Newton iterations per solve of a GL map (the iteration resumes next round)
-    max_iter: int = 10
+    #: Gauss-Newton iterations per solve of a GL map (the iteration resumes next round),
+    #: stopping early once a step gains less than ``rtol`` (relative)
+    max_iter: int = 5
+    rtol: float = 1e-6
     #: CPU threads for the solvers' own linear algebra (0: leave torch's setting)
     threads: int = 1
 

@@ -179,7 +179,7 @@ def minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx: 
     if co is None or ct is None:
         return x0  # one-sided: least squares is the minimiser
     with ctx.timer("iterate"):
-        x, _ = gauss_newton_gl(co, ct, x0, max_iter=ctx.max_iter)
+        x, _ = gauss_newton_gl(co, ct, x0, max_iter=ctx.max_iter, rtol=ctx.rtol)
     return x
 
 

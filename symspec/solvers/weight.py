@@ -23,6 +23,7 @@ import functools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -364,19 +365,31 @@ class _Engine:
                         changed.append(s)
                     on_done(s)
                 continue
-            for s in names:
-                terms = self.terms(s, trusted)
-                if terms:
-                    with timer("stats"):
-                        for t in terms:
-                            t.cross()
-                    with timer(f"solve:{group.kind}"), solver_threads(self.ctx.device, self.ctx.threads):
-                        new = entry.solve(group, terms, self.elements[s], self.ctx)
-                    del terms
-                    if self.accept({s: new}, force=trusted is not None):
-                        changed.append(s)
-                on_done(s)
+            # One space at a time (assignments run on the CPU, one at a time): the next
+            # space's statistics (large products, threaded) are computed in the
+            # background while this one's assignment runs. Spaces of a class share no
+            # parameter, so the two never touch the same tensors.
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                nxt = pool.submit(self._prepare, names[0], trusted) if names else None
+                for i, s in enumerate(names):
+                    assert nxt is not None
+                    terms = nxt.result()
+                    nxt = pool.submit(self._prepare, names[i + 1], trusted) if i + 1 < len(names) else None
+                    if terms:
+                        with timer(f"solve:{group.kind}"):
+                            new = entry.solve(group, terms, self.elements[s], self.ctx)
+                        del terms
+                        if self.accept({s: new}, force=trusted is not None):
+                            changed.append(s)
+                    on_done(s)
         return changed
+
+    def _prepare(self, s: str, trusted: set[str] | None) -> list[Term]:
+        terms = self.terms(s, trusted)
+        with self.ctx.timer("stats"):
+            for t in terms:
+                t.cross()
+        return terms
 
     def _solve_pair(self, s: str, on_done: Callable[[str], None], trusted: set[str] | None) -> list[str]:
         t = self.pairs[s]
@@ -443,7 +456,7 @@ class _Engine:
 def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor], *,
                   rounds: int = 10, tol: float = 1e-6, device: str | torch.device = "cpu",
                   dtype: torch.dtype | None = None, init: Mapping[str, Element] | None = None,
-                  progress: Progress | None = None, max_iter: int = 10, greedy_start: bool = True,
+                  progress: Progress | None = None, max_iter: int = 5, greedy_start: bool = True,
                   timer: Timer | None = None) -> WeightMatchingResult:
     """Coordinate descent for ``min_g sum_P ||A_P - g.B_P||^2`` (both in canonical form).
 

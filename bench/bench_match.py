@@ -1,0 +1,298 @@
+"""Weight matching: time per phase, peak memory, the kernel floor, and cost vs layers.
+
+    python bench/bench_match.py [--cases tiny,small,gpt2-small] [--pairs independent,related]
+                                [--groups full,perm] [--rounds 5] [--layers 1,2,4,8,12]
+                                [--device cpu] [--out bench/results/match.json] [--quick]
+
+Model pairs are nanoGPT models (examples/nanogpt.py: fused qkv, pre-LayerNorm, GELU MLP,
+tied embeddings; spec ``nanogpt``), float32, random weights (nothing downloads):
+
+- tiny: 2 layers, d 64, 4 heads, d_ff 256, vocab 65 (the character GPT of DESIGN §5);
+- small: 6 layers, d 384, 6 heads, d_ff 1536, vocab 50257;
+- gpt2-small: 12 layers, d 768, 12 heads, d_ff 3072, vocab 50257, context 1024 (124M
+  parameters; 163M once canonicalisation unties the unembedding).
+
+Two kinds of pair: ``independent`` (two seeds of nanoGPT's initialisation: nothing to
+find, the hardest assignments) and ``related`` (B = g.A + noise: A's canonical form
+moved by a random element g of the full group, plus Gaussian noise of 0.5x each weight's
+spread, like two fine-tunes of one model that were re-parametrised; matching-like costs).
+
+Every case runs ``symspec.match.weight_match`` (what ``symspec match`` calls) with a
+fixed number of rounds (tol 0), in a fresh subprocess. Reported per case: seconds per
+phase; peak memory as the growth of the resident set (VmHWM, reset after the imports)
+over the process before the models were built, divided by the size of the two models;
+the objective per round; and the floor: the bare kernels of one round that no weight
+matching can avoid, timed on the converged pair's own matrices (one SVD of the residual
+cross-covariance, one assignment per FF layer and per attention layer). The solver's
+time per round is reported as a multiple of that floor. ``--layers`` times 2-round
+matches of GPT-2-width models of several depths and fits time = a + b * layers.
+
+Targets (measured, never asserted): the gpt2-small pair, full groups, 5 rounds, under
+60 s on 2 CPU cores, peak memory under 3x the two models. The machine may be shared:
+the load average at the start of each case is recorded with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"n_layer": 2, "n_head": 4, "n_embd": 64, "n_ff": 256, "vocab_size": 65, "block_size": 64},
+    "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "n_ff": 1536, "vocab_size": 50257, "block_size": 1024},
+    "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_ff": 3072, "vocab_size": 50257, "block_size": 1024},
+}
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    # not Linux, or not permitted: the peak then includes the imports
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _build_pair(config: dict[str, int], pair: str) -> tuple[Any, Any]:
+    import torch
+
+    from symspec.bind import bind
+    from symspec.loading import import_file
+    from symspec.spec import load_spec
+    from symspec.transforms import apply_elements, canonicalize_model, sample_elements
+
+    mod = import_file(ROOT / "examples" / "nanogpt.py")
+    torch.manual_seed(0)
+    a = mod.build(**config).eval()
+    if pair == "independent":
+        torch.manual_seed(1)
+        return a, mod.build(**config).eval()
+    # related: B = g . canonical(A) + noise, as a module of A's class
+    bound = bind(load_spec("nanogpt"), a)
+    b = canonicalize_model(bound, a)
+    sd = {k: v.detach() for k, v in b.state_dict().items()}
+    g = sample_elements(bound.problem, seed=7, dtype=torch.float32)
+    moved = apply_elements(bound.problem, g, sd)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for k, v in moved.items():
+            if v.is_floating_point() and v.numel() > 1:
+                moved[k] = v + 0.5 * float(v.std()) * torch.randn(v.shape, generator=gen)
+    b.load_state_dict(moved)
+    return a, b
+
+
+def _floor(result: Any, config: dict[str, int]) -> dict[str, float]:
+    """Seconds of the kernels of one round, on the converged pair's matrices."""
+    import numpy as np
+    import torch
+    from scipy.optimize import linear_sum_assignment
+
+    from symspec.groups import centred_basis
+
+    ca, cb = result.canonical_a, result.aligned_b
+    d, h, layers = config["n_embd"], config["n_head"], config["n_layer"]
+    dh = d // h
+    out = {"svd": 0.0, "assign_ff": 0.0, "assign_heads": 0.0}
+    # the residual's Procrustes: one SVD of the (d-1) x (d-1) reduced cross-covariance
+    m = torch.zeros(d, d)
+    for p in result.bound.problem.params:
+        x = ca[p]
+        if x.ndim == 2 and x.shape[1] == d:
+            m += x.T @ cb[p]
+    bas = centred_basis(d).to(torch.float32)
+    red = bas.T @ m @ bas
+    t = time.perf_counter()
+    torch.linalg.svd(red, full_matrices=False)
+    out["svd"] = time.perf_counter() - t
+    for i in range(layers):
+        fc, pr = f"transformer.h.{i}.mlp.c_fc.weight", f"transformer.h.{i}.mlp.c_proj.weight"
+        c = (ca[fc] @ cb[fc].T + ca[pr].T @ cb[pr]).double().numpy()
+        t = time.perf_counter()
+        linear_sum_assignment(c, maximize=True)
+        out["assign_ff"] += time.perf_counter() - t
+        w = f"transformer.h.{i}.attn.c_attn.weight"
+        q_a, k_a = ca[w][:d].reshape(h, dh, d), ca[w][d : 2 * d].reshape(h, dh, d)
+        q_b, k_b = cb[w][:d].reshape(h, dh, d), cb[w][d : 2 * d].reshape(h, dh, d)
+        cq = torch.einsum("aid,bjd->abij", q_a, q_b)
+        ck = torch.einsum("aid,bjd->abij", k_a, k_b)
+        s = (cq * ck).sum((-1, -2)).double().numpy()
+        t = time.perf_counter()
+        linear_sum_assignment(np.ascontiguousarray(s), maximize=True)
+        out["assign_heads"] += time.perf_counter() - t
+    out["total"] = out["svd"] + out["assign_ff"] + out["assign_heads"]
+    return out
+
+
+def run_case(case: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from symspec.match import weight_match
+
+    threads = torch.get_num_threads()
+    config = dict(SIZES[case["size"]]) if "size" in case else dict(case["config"])
+    load = os.getloadavg()[0]
+    _reset_peak()
+    rss0 = _status_kb("VmRSS")
+    t0 = time.perf_counter()
+    a, b = _build_pair(config, case["pair"])
+    build_s = time.perf_counter() - t0
+    model_bytes = sum(p.numel() * p.element_size() for m in (a, b) for p in {id(q): q for q in m.parameters()}.values())
+    t0 = time.perf_counter()
+    result = weight_match(a, b, "nanogpt", groups=case["groups"], rounds=case["rounds"], tol=0.0,
+                          device=case.get("device", "cpu"), dtype=torch.float32)
+    wall = time.perf_counter() - t0
+    peak_kb = _status_kb("VmHWM")
+    rounds = len(result.history) - 1
+    floor = _floor(result, config)
+    timings = dict(result.timings)
+    per_round = (wall - timings.get("bind", 0.0) - timings.get("canonicalize", 0.0) - timings.get("transform", 0.0)) / max(rounds, 1)
+    return {
+        **case,
+        "config": config,
+        "params_per_model": sum(p.numel() for p in {id(q): q for q in a.parameters()}.values()),
+        "threads": threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+        "load_average": load,
+        "build_seconds": build_s,
+        "seconds": wall,
+        "rounds": rounds,
+        "seconds_per_round": per_round,
+        "timings": timings,
+        "objective": result.history,
+        "relative_objective": [x / result.history[0] for x in result.history],
+        "distance": {"canonical": result.distance("canonical"), "aligned": result.distance("aligned")},
+        "model_bytes": model_bytes,
+        "peak_rss_bytes": (peak_kb - rss0) * 1024,
+        "peak_x_models": (peak_kb - rss0) * 1024 / model_bytes,
+        "floor_seconds_per_round": floor,
+        "solver_x_floor": per_round / floor["total"] if floor["total"] > 0 else None,
+    }
+
+
+def _subprocess(case: dict[str, Any], timeout: float) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `symspec match` sets it (cli/match.py)
+    proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        return {**case, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _fit(xs: list[float], ys: list[float]) -> dict[str, float]:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    a = my - b * mx
+    ss = sum((y - my) ** 2 for y in ys)
+    res = sum((y - (a + b * x)) ** 2 for x, y in zip(xs, ys))
+    return {"intercept": a, "slope_per_layer": b, "r2": 1 - res / ss if ss else 1.0}
+
+
+def _print_table(results: list[dict[str, Any]], scaling: dict[str, Any] | None) -> None:
+    head = (f"{'case':<12} {'pair':<12} {'groups':<6} {'rounds':>6} {'total s':>8} {'s/round':>8} {'floor s':>8} "
+            f"{'x floor':>7} {'peak x':>7} {'rel. obj':>9} {'load':>5}")
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        if "error" in r:
+            print(f"{r.get('size', '?'):<12} {r['pair']:<12} {r['groups']:<6} error: {r['error']}")
+            continue
+        print(f"{r.get('size', 'custom'):<12} {r['pair']:<12} {r['groups']:<6} {r['rounds']:>6} {r['seconds']:>8.2f} "
+              f"{r['seconds_per_round']:>8.2f} {r['floor_seconds_per_round']['total']:>8.2f} {r['solver_x_floor']:>7.1f} "
+              f"{r['peak_x_models']:>7.2f} {r['relative_objective'][-1]:>9.4f} {r['load_average']:>5.1f}")
+    for r in results:
+        if "error" in r:
+            continue
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["timings"].items(), key=lambda kv: -kv[1]) if v >= 0.01)
+        print(f"  {r.get('size', 'custom')}/{r['pair']}/{r['groups']}: {phases}")
+    if scaling:
+        print(f"cost vs layers ({scaling['rounds']} rounds, GPT-2 width, independent pair): "
+              + ", ".join(f"{p['layers']}: {p['seconds_per_round']:.2f} s/round" for p in scaling["points"]))
+        fit = scaling["fit"]
+        print(f"  fit: {fit['intercept']:.2f} s + {fit['slope_per_layer']:.2f} s/layer per round (R^2 {fit['r2']:.3f})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--cases", default="tiny,small,gpt2-small")
+    ap.add_argument("--pairs", default="independent,related")
+    ap.add_argument("--groups", default="full,perm")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--layers", default="1,2,4,8", help="depths for the cost-vs-layers sweep ('' to skip)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--quick", action="store_true", help="tiny and small only, no layer sweep")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "match.json"))
+    args = ap.parse_args(argv)
+    if args.case:
+        print(json.dumps(run_case(json.loads(args.case))))
+        return 0
+    sizes = ["tiny", "small"] if args.quick else [s for s in args.cases.split(",") if s]
+    results = []
+    for size in sizes:
+        for pair in args.pairs.split(","):
+            for groups in args.groups.split(","):
+                case = {"size": size, "pair": pair, "groups": groups, "rounds": args.rounds, "device": args.device}
+                print(f"running {size} {pair} {groups} ...", file=sys.stderr, flush=True)
+                results.append(_subprocess(case, args.timeout))
+    scaling = None
+    layers = [] if args.quick or not args.layers else [int(x) for x in args.layers.split(",")]
+    if layers:
+        points = []
+        for n in layers:
+            config = dict(SIZES["gpt2-small"], n_layer=n)
+            print(f"running {n} layers ...", file=sys.stderr, flush=True)
+            r = _subprocess({"config": config, "pair": "independent", "groups": "full", "rounds": 2, "device": args.device}, args.timeout)
+            points.append({"layers": n, **({"seconds_per_round": r["seconds_per_round"], "seconds": r["seconds"],
+                                            "load_average": r["load_average"]} if "error" not in r else {"error": r["error"]})})
+        ok = [p for p in points if "error" not in p]
+        full12 = next((r for r in results if r.get("size") == "gpt2-small" and r["pair"] == "independent" and r["groups"] == "full"
+                       and "error" not in r), None)
+        if full12 is not None and 12 not in layers:
+            ok.append({"layers": 12, "seconds_per_round": full12["seconds_per_round"], "note": "from the gpt2-small case"})
+        scaling = {"rounds": 2, "points": ok, "fit": _fit([p["layers"] for p in ok], [p["seconds_per_round"] for p in ok]) if len(ok) > 1 else {}}
+    report = {
+        "benchmark": "weight matching (symspec.match.weight_match)",
+        "command": "python bench/bench_match.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "targets": {"gpt2-small full 5 rounds seconds": 60, "peak x two models": 3},
+        "results": results,
+        "scaling": scaling,
+    }
+    try:
+        import torch
+
+        report["machine"]["torch"] = torch.__version__
+        report["machine"]["threads"] = torch.get_num_threads()
+        if args.device.startswith("cuda") and torch.cuda.is_available():
+            report["machine"]["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    _print_table(results, scaling)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
