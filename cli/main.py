@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "specs": ("symspec.cli.spec_cmds", "specs_cmd", "List the built-in specs."),
     "schema": ("symspec.cli.spec_cmds", "schema_cmd", "Print the JSON Schema of the spec format."),
     "barrier": ("symspec.cli.barrier", "barrier_cmd", "Loss along the line between two models, and its barrier."),
+    "universe": ("symspec.cli.universe", "universe_cmd", "Align many models into one universe and merge them."),
     "match": ("symspec.cli.match", "match_cmd", "Align model B to model A in weight space (data-free); write B aligned."),
     "merge": ("symspec.cli.match", "merge_cmd", "Write the interpolation of A and B, aligned first."),
 }

@@ -1,0 +1,266 @@
+"""``symspec universe MODEL... --out DIR``: align many models into one universe and merge them."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ._common import EXIT_OK, echo_json, handle_errors, resolve_spec, stderr_console, stdout_console
+
+
+@click.command("universe")
+@click.argument("models", nargs=-1, required=True, metavar="MODEL...")
+@click.option("--out", "out", required=True, metavar="DIR",
+              help="Folder to write: merged model, aligned/ models, transforms/ records, report.json (written "
+                   "atomically; refused if it exists unless --overwrite).")
+@click.option("--spec", "spec_arg", metavar="PATH|NAME",
+              help="Spec (default: the model file's SPEC, else the built-in spec for the model's class).")
+@click.option("--model", "factory", metavar="MODEL.py",
+              help="For state-dict checkpoints: the model file whose build() makes their module "
+                   "(default: the first MODEL that is a model file).")
+@click.option("--groups", default=None, metavar="full|perm|perm,SPACE=full",
+              help="Groups to search: full (default), perm (permutations only), or per declared space.")
+@click.option("--rounds", default=10, show_default=True, type=click.IntRange(min=1),
+              help="At most this many rounds (align every model, then average).")
+@click.option("--tol", default=1e-4, show_default=True, type=click.FloatRange(min=0.0),
+              help="Stop once a round lowers the objective by less than this fraction.")
+@click.option("--start", "start_arg", default="0", show_default=True, metavar="INDEX|MODEL",
+              help="The model the universe starts from; the merged model keeps its class and format.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Worker processes aligning the models of a round in parallel (each holds one model at a "
+                   "time). With --ray: tasks in flight (default: the cluster's CPUs).  [default: 1]")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="Run the rounds as Ray tasks: 'auto', 'ray://HOST:10001', HOST:PORT, or 'local' (a "
+                   "single-node cluster started here). The models and --out must be on storage every node reads.")
+@click.option("--device", default="cpu", show_default=True, help="Where each alignment's dense work runs: cpu, cuda, ...")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Torch threads per alignment (the same in every executor, so results are identical).")
+@click.option("--data", "data_arg", metavar="SOURCE",
+              help="Evaluate the merged model against the endpoints and plain averaging on this data "
+                   "(text:PATH, mnist:DIR, digits, hook; see docs/analyzers.md); for 3 models also the "
+                   "loss over the simplex (simplex.png).")
+@click.option("--split", default="val", show_default=True, type=click.Choice(["train", "val", "test"]),
+              help="Which split --data evaluates.")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1), help="Examples per forward pass.")
+@click.option("--max-samples", type=click.IntRange(min=1), help="Use at most this many examples of the split.")
+@click.option("--simplex/--no-simplex", "simplex", default=None,
+              help="Evaluate the loss over the simplex of the models (default: with 3 models or fewer).")
+@click.option("--resolution", type=click.IntRange(min=1), metavar="K",
+              help="Simplex grid: weights in steps of 1/K (default: 12 for 3 models, coarser for more).")
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Resume an unfinished run of the same command (its work is kept in .DIR.partial next to --out).")
+@click.option("--setup", "worker_setup", metavar="MODULE:FUNCTION",
+              help="Called once in every worker process (to register custom groups or solvers).")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
+@handle_errors
+def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factory: str | None, groups: str | None,
+                 rounds: int, tol: float, start_arg: str, jobs: int | None, ray_address: str | None, device: str,
+                 threads: int, data_arg: str | None, split: str, batch_size: int, max_samples: int | None,
+                 simplex: bool | None, resolution: int | None, overwrite: bool, resume: bool, worker_setup: str | None,
+                 as_json: bool) -> None:
+    """Align every MODEL into one shared universe and merge them (universe matching).
+
+    The universe starts as one model; each round aligns every model to it by weight
+    matching under the spec's groups and sets it to the mean of the aligned models,
+    until the objective (the sum of squared distances to the universe) stops improving.
+    Every model gets one transform into the universe, so any two are aligned through it.
+
+    MODEL: model files, Hugging Face folders or checkpoints (with --model); globs
+    ('runs/*/model.pt') and list files ('@models.txt', one path a line) are expanded.
+    Exit 0 on success, 2 for bad input (a missing or unreadable file, models of another
+    architecture) or a failed worker; a failed run keeps its finished work and a rerun
+    of the same command resumes it.
+    """
+    from symspec.universe import (
+        UniverseError,
+        build_report,
+        expand_models,
+        save_outputs,
+        universe_match,
+    )
+
+    started = time.perf_counter()
+    paths = expand_models(models)
+    if len(paths) < 2:
+        raise UniverseError(f"universe matching needs at least 2 models, got {len(paths)}")
+    out_dir = Path(out)
+    if out_dir.exists() and not overwrite:
+        raise UniverseError(f"{out_dir} exists; refusing to overwrite it (use --overwrite)")
+    if factory is None:
+        factory = next((p for p in paths if p.endswith(".py")), None)
+    start: int | str = int(start_arg) if start_arg.lstrip("-").isdigit() else start_arg
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise UniverseError(f"no such file or folder: {', '.join(missing)}")
+    spec: Any = spec_arg
+    if spec is None:
+        from symspec.loading import load_model
+
+        first = load_model(paths[start] if isinstance(start, int) and 0 <= start < len(paths) else paths[0], factory=factory)
+        spec = resolve_spec(None, first.model, first.spec_hint())
+    partial = out_dir.parent / f".{out_dir.name}.partial"
+    console = stderr_console()
+    with _Progress(console, quiet=as_json) as bar:
+        result = universe_match(paths, spec, rounds=rounds, tol=tol, groups=groups, jobs=jobs, ray=ray_address,
+                                device=device, start=start, factory=factory, workdir=partial, resume=resume,
+                                progress=bar.event, threads=threads, worker_setup=worker_setup, load_aligned=False,
+                                keep_workdir=True)
+        analysis = None
+        if data_arg is not None:
+            analysis = _analyze(result, paths, factory, data_arg, split, batch_size, max_samples, device, simplex,
+                                resolution, bar)
+    report = build_report(result, analysis, seconds=time.perf_counter() - started)
+    plot_name = "simplex.png" if analysis is not None and any(len(s.names) == 3 for s in analysis.surfaces) else None
+
+    def extra(tmp: Path) -> None:
+        if plot_name and analysis is not None:
+            analysis.plot(tmp / plot_name)
+
+    written = save_outputs(result, out_dir, report=report, overwrite=overwrite, extra=extra,
+                           extra_outputs={"simplex_plot": plot_name} if plot_name else None)
+    shutil.rmtree(partial, ignore_errors=True)
+    report["outputs"] = written
+    if as_json:
+        echo_json(report)
+    else:
+        _print(report, result, analysis, written, plot_name and str(out_dir / plot_name))
+    sys.exit(EXIT_OK)
+
+
+def _analyze(result: Any, paths: list[str], factory: str | None, data_arg: str, split: str, batch_size: int,
+             max_samples: int | None, device: str, simplex: bool | None, resolution: int | None, bar: Any) -> Any:
+    from symspec.analyzers.data import check_fits, load_data
+    from symspec.analyzers.simplex import analyze_merge, evaluations
+    from symspec.loading import load_model
+    from symspec.universe import UniverseError
+
+    ref = result.reference
+    if ref is None or result.canonical_model is None:
+        raise UniverseError("--data needs the models as modules (model files, Hugging Face folders or checkpoints with --model)")
+    module = ref.model_file.module if ref.model_file is not None else None
+    data = load_data(data_arg, model=ref.model, module=module, split=split, batch_size=batch_size, max_samples=max_samples)
+    check_fits(ref.model, data, ref.name)
+    n = len(paths)
+    bar.start_task("evaluating", evaluations(n, data, simplex=simplex, resolution=resolution))
+
+    def raw(i: int) -> Any:
+        return {k: v.detach() for k, v in load_model(paths[i], factory=factory).model.state_dict().items()}
+
+    return analyze_merge(module=ref.model, canonical_module=result.canonical_model, n=n, names=result.names,
+                         load_raw=raw, load_aligned=result.aligned_state, merged=result.merged, data=data,
+                         device=device, simplex=simplex, resolution=resolution, progress=bar.advance)
+
+
+class _Progress:
+    """Rich progress on stderr: one bar per phase, a line per finished round."""
+
+    def __init__(self, console: Any, quiet: bool) -> None:
+        self.console = console
+        self.quiet = quiet
+        self.bar: Any = None
+        self.task: Any = None
+        self.phase = ""
+        self.last = math.nan
+
+    def __enter__(self) -> _Progress:
+        if not self.quiet:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=self.console, transient=True)
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def start_task(self, description: str, total: int) -> None:
+        if self.bar is None:
+            return
+        if self.task is not None:
+            self.bar.remove_task(self.task)
+        self.task = self.bar.add_task(description, total=total)
+        self.phase = description
+
+    def advance(self, n: int = 1) -> None:
+        if self.bar is not None and self.task is not None:
+            self.bar.update(self.task, advance=n)
+
+    def event(self, e: Any) -> None:
+        if self.bar is None:
+            return
+        if e.kind == "note":
+            self.bar.console.print(f"[yellow]{e.message}[/yellow]")
+        elif e.kind in ("prepare", "align"):
+            phase = "loading models" if e.kind == "prepare" else f"round {e.round}: aligning"
+            if phase != self.phase:
+                self.start_task(phase, e.total)
+            self.bar.update(self.task, completed=e.done)
+        elif e.kind == "round":
+            change = ""
+            if math.isfinite(self.last) and self.last > 0:
+                change = f" ({(e.objective - self.last) / self.last:+.2%})"
+            self.last = e.objective
+            self.bar.console.print(f"round {e.round}: objective {e.objective:.6g}{change}, {e.seconds:.1f} s")
+
+
+def _print(report: dict[str, Any], result: Any, analysis: Any, written: dict[str, Any], plot: str | None) -> None:
+    from rich.table import Table
+
+    console = stdout_console()
+    hist = report["objective"]
+    head = (f"symspec universe: {len(result.models)} models, spec {report['spec']} ({report['groups']} groups), "
+            f"{report['rounds']} round(s), {'converged' if report['converged'] else 'not converged'}, "
+            f"{report['executor']} x{report['jobs']}")
+    console.print(head)
+    rounds = Table(title="objective: sum of squared distances to the universe", title_justify="left")
+    for col in ("round", "objective", "relative", "seconds"):
+        rounds.add_column(col, justify="right")
+    rounds.add_row("0", f"{hist[0]:.6g}", "1", "")
+    for info in report["per_round"]:
+        r = info["round"]
+        rounds.add_row(str(r), f"{hist[r]:.6g}", f"{report['relative_objective'][r]:.4f}", f"{info['seconds']:.1f}")
+    console.print(rounds)
+    models = Table(title="models", title_justify="left")
+    for col, just in (("model", "left"), ("distance before", "right"), ("distance after", "right"), ("loss", "right"),
+                      ("aligned loss", "right")):
+        models.add_column(col, justify=just)  # type: ignore[arg-type]
+    for k, m in enumerate(report["models"]):
+        loss = al = ""
+        if analysis is not None:
+            loss = f"{analysis.endpoints[k].loss:.4f}"
+            al = f"{analysis.aligned[k].loss:.4f}"
+        models.add_row(m["name"], f"{m['distance_before']:.6g}", f"{m['distance_after']:.6g}", loss, al)
+    console.print(models)
+    if analysis is not None:
+        t = Table(title=f"merged model on {analysis.data.get('source')} ({analysis.data.get('split')})", title_justify="left")
+        for col in ("", "loss", "accuracy", "gap to endpoints' mean"):
+            t.add_column(col, justify="right" if col else "left")
+        mean = analysis.endpoint_mean
+
+        def acc(x: Any) -> str:
+            return "n/a" if x is None else f"{x:.4f}"
+
+        t.add_row("endpoints (mean)", f"{mean:.4f}", acc(report["analysis"]["endpoints_mean"]["accuracy"]), "0")
+        t.add_row("vanilla averaging", f"{analysis.plain.loss:.4f}", acc(analysis.plain.accuracy), f"{analysis.plain.loss - mean:+.4f}")
+        t.add_row("universe matching", f"{analysis.merged.loss:.4f}", acc(analysis.merged.accuracy), f"{analysis.merged.loss - mean:+.4f}")
+        console.print(t)
+        for s in analysis.surfaces:
+            console.print(f"simplex ({s.label}): max deviation {s.max_deviation:.4f} at weights "
+                          f"{', '.join(f'{w:.2f}' for w in s.argmax)} ({len(s.weights)} points)")
+    console.print(f"wrote {written['merged']}, {len(written['aligned'])} aligned models, transforms, {written['report']}"
+                  + (f", {plot}" if plot else ""))
