@@ -25,7 +25,7 @@ import copy
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -218,7 +218,7 @@ class _InPlace:
         return [(n, b) for n, b in self.problem.params.items() if n in self.tensors and b.spaces() & spaces]
 
     @staticmethod
-    def _has_abs(binding: ParamBinding, spaces: set[str]) -> bool:
+    def has_abs(binding: ParamBinding, spaces: set[str]) -> bool:
         return any(f.variance == "abs" and f.space in spaces for a in binding.axes for s in a.segments for f in s.factors)
 
     def apply(self, elements: Mapping[str, Element]) -> tuple[list[str], dict[str, torch.Tensor]]:
@@ -234,7 +234,7 @@ class _InPlace:
                 if id(t) in seen:  # a tied twin: one tensor, transformed once
                     continue
                 seen.add(id(t))
-                if self._has_abs(binding, spaces):
+                if self.has_abs(binding, spaces):
                     saved[name] = t.detach().clone()
                 t.copy_(transform_tensor(self.problem, binding, t.detach(), elements))
         return changed, saved
@@ -401,33 +401,43 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
         record(label)
         models.dirty.update(mover.undo(elements, token))
 
-    # The costliest space (the residual, whose elements move the embeddings) is applied
-    # once per sample for its own row and, with every other space on top, for the 'all' row.
+    # The costliest space (the residual: its elements move the embeddings and every
+    # layer) is applied samples + 1 times in all: each sample's element is reached from
+    # the previous one's by a single action (g_k g_{k-1}^-1), and serves both its own
+    # row and, with every other space on top, the 'all' row. The other spaces' rows run
+    # first, with the costliest one at the identity.
     cost = {d: sum(math.prod(problem.params[p].shape) for i in insts[d] for p in problem.params_of(i)) for d in declared}
     pivot = max(declared, key=lambda d: cost[d]) if len(declared) > 1 else None
     if pivot is not None and _shares_chain(problem, set(insts[pivot])):
-        pivot = None
-    for k in range(samples):
-        elems = sample_elements(problem, all_insts, seed=seed * 1000 + k, cond=cond)
-
-        def pick(names: Iterable[str], elems: dict[str, Element] = elems) -> dict[str, Element]:
-            return {n: elems[n] for n in names}
-
-        rest = [d for d in declared if d != pivot]
-        if pivot is not None:
-            say(f"sample {k + 1}/{samples}: {pivot}, then all spaces together")
-            piv = pick(insts[pivot])
-            tok = mover.apply(piv)
-            models.dirty.update(tok[0])
-            record(pivot)
-            measure("all", pick(i for d in rest for i in insts[d]))
-            models.dirty.update(mover.undo(piv, tok))
+        pivot = None  # its chains mix with other spaces': 'all' must be applied at once
+    drawn = [sample_elements(problem, all_insts, seed=seed * 1000 + k, cond=cond) for k in range(samples)]
+    rest = [d for d in declared if d != pivot]
+    for k, elems in enumerate(drawn):
         for d in rest:
             say(f"sample {k + 1}/{samples}: {d}")
-            measure(d, pick(insts[d]))
+            measure(d, {i: elems[i] for i in insts[d]})
         if want_all and pivot is None:
             say(f"sample {k + 1}/{samples}: all spaces together")
             measure("all", elems if len(declared) > 1 else sample_elements(problem, all_insts, seed=seed * 1000 + 500 + k, cond=cond))
+    if pivot is not None:
+        chain = not any(mover.has_abs(problem.params[p], set(insts[pivot])) for i in insts[pivot] for p in problem.params_of(i))
+        current: dict[str, Element] = {}
+        token: Any = None
+        for k, elems in enumerate(drawn):
+            say(f"sample {k + 1}/{samples}: {pivot}, then all spaces together")
+            target = {i: elems[i] for i in insts[pivot]}
+            if current and chain:
+                step = {i: problem.spaces[i].group.compose(target[i], problem.spaces[i].group.inverse(current[i])) for i in target}
+                models.dirty.update(mover.apply(step)[0])
+            else:
+                if current:
+                    models.dirty.update(mover.undo(current, token))
+                token = mover.apply(target)
+                models.dirty.update(token[0])
+            current = target
+            record(pivot)
+            measure("all", {i: elems[i] for d in rest for i in insts[d]})
+        models.dirty.update(mover.undo(current, token if not chain else (token[0], {})))
 
     for d in declared:
         label = d if len(insts[d]) == 1 and problem.spaces[insts[d][0]].index is None else f"{d}[*]"

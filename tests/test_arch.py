@@ -237,3 +237,18 @@ def test_partial_rotary_needs_the_matching_rope_group() -> None:
     assert_invariant(model, loads_spec(text, "phi.yaml"), inputs)
     full = loads_spec(text.replace("qk=RoPE(dh, rot=r)", "qk=RoPE(dh)"), "phi-full-rotary.yaml")
     assert failed(assert_not_invariant(model, full, inputs, dtypes=("float64",))) == {"attn[*]", "all"}
+
+
+def test_mistral_binds_the_llama_spec() -> None:
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=16, intermediate_size=12,
+                                     vocab_size=23, max_position_embeddings=32, sliding_window=4, bos_token_id=0, eos_token_id=0)
+    from symspec.testing import randomize_
+
+    model = randomize_(transformers.MistralForCausalLM(cfg)).eval()
+    inputs = {"input_ids": torch.randint(23, (2, 8), generator=torch.Generator().manual_seed(0)), "use_cache": False}
+    assert "MistralForCausalLM" in symspec.load_spec("llama").models
+    assert_invariant(model, "llama", inputs)
+    assert failed(assert_not_invariant(model, variant("llama", ("qk=RoPE(dh)", "qk=GL(dh)")), inputs, dtypes=("float64",))) == {"attn[*]", "all"}

@@ -145,3 +145,25 @@ def test_a_pickle_that_is_not_plain_tensors_is_refused(tmp_path: Path) -> None:
     torch.save(other.state_dict(), tmp_path / "gpt2.pt")
     with pytest.raises(ModelLoadError, match="does not fit LlamaForCausalLM"):
         load_model(tmp_path / "gpt2.pt", factory=factory)
+
+
+@pytest.mark.parametrize(("family", "spec"), [("opt", "opt"), ("bert", "bert"), ("llama", "llama")])
+def test_symspec_check_cli_on_an_hf_folder_picks_the_spec_by_class(family: str, spec: str, tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from symspec.cli.main import cli
+
+    model, _ = ZOO[family]()
+    model.save_pretrained(tmp_path / family)
+    result = CliRunner().invoke(cli, ["check", str(tmp_path / family), "--samples", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["spec"] == spec and report["passed"] is True
+    assert {row["dtype"] for row in report["rows"]} == {"float64", "float32"}
+    # a too-large group fails through the CLI too (exit 1)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((Path(symspec.spec.builtin.builtin_path(spec) or "")).read_text().replace("group: S(", "group: O("))
+    result = CliRunner().invoke(cli, ["check", str(tmp_path / family), "--spec", str(bad), "--samples", "1", "--dtype", "float64"])
+    assert result.exit_code == 1, result.output
