@@ -250,7 +250,7 @@ def _key(index: int, width: int, name: str) -> str:
 
 def _fingerprint_path(p: Path) -> list[Any]:
     if p.is_dir():
-        return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(p.iterdir()) if f.is_file()]
+        return [str(p.resolve()), *([f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(p.iterdir()) if f.is_file())]
     st = p.stat()
     return [str(p.resolve()), st.st_size, st.st_mtime_ns]
 
@@ -282,6 +282,14 @@ def _module_of(obj: Any) -> torch.nn.Module | None:
 
 
 # --------------------------------------------------------------------------- the work folder
+
+
+def _mode_text(modes: Mapping[str, str]) -> str:
+    """``full``, ``perm`` or ``fixed`` when every space has it, else ``space=mode,...``."""
+    kinds = set(modes.values())
+    if len(kinds) <= 1:
+        return next(iter(kinds), "full")
+    return ",".join(f"{s}={m}" for s, m in modes.items())
 
 
 def _round_dir(work: Path, r: int) -> Path:
@@ -411,7 +419,6 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
 
     # -- the reference: bound, canonical form ----------------------------------------
     from .bind import BoundSpec, bind
-    from .match import _mode_text, _resolve_spec
     from .solvers import parse_restriction, restrict_problem
     from .transforms import canonicalize_model, canonicalize_state_dict
 
@@ -425,7 +432,11 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
         reference = ref_obj
     ref_module = _module_of(ref_obj)
     ref_state = _state_of(ref_obj)
-    spec_obj = _resolve_spec(spec)
+    spec_obj = spec
+    if not isinstance(spec, BoundSpec):
+        from .spec import Spec, load_spec
+
+        spec_obj = spec if isinstance(spec, Spec) else load_spec(spec)
     try:
         bound = spec_obj if isinstance(spec_obj, BoundSpec) else bind(spec_obj, ref_module if ref_module is not None else ref_state, config=config)
     except SymspecInputError as e:
@@ -458,6 +469,9 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
     work = Path(tempfile.mkdtemp(prefix="symspec-universe-")) if workdir is None else Path(workdir)
     keep = (not temporary) if keep_workdir is None else keep_workdir
     run_file = work / "run.json"
+    if not temporary and work.exists() and not run_file.exists() and (not work.is_dir() or any(work.iterdir())):
+        # never write into (or later remove) a folder that is not a work folder of ours
+        raise UniverseError(f"{work} exists and is not a universe work folder; give an empty or new folder")
     if run_file.exists():
         try:
             same = read_json(run_file).get("fingerprint") == fingerprint
@@ -679,6 +693,30 @@ def transform_between(records: Sequence[TransformRecord], source: int, target: i
                            {"method": "universe", "from": source, "to": target})
 
 
+# --------------------------------------------------------------------------- a pair aligner
+
+
+def align_universe(model_a: torch.nn.Module, model_b: torch.nn.Module, *, spec: Any = None,
+                   device: str | torch.device = "cpu", **kw: Any) -> Any:
+    """An aligner for the barrier analyzers: both models aligned into their universe.
+
+    ``symspec.analyzers.barrier.register_aligner("universe", align_universe, "universe
+    matching")`` makes it a method of ``symspec barrier``'s machinery and of the paper-table
+    benchmark. The path from aligned A to aligned B passes through the merged model at
+    λ = 1/2. ``kw`` goes to :func:`universe_match` (``rounds``, ``groups``, ``jobs``, ...).
+    """
+    from .analyzers.barrier import Aligned
+
+    if spec is None:
+        raise UniverseError("universe matching needs a spec (--spec, the model file's SPEC, or a built-in spec)")
+    start = time.perf_counter()
+    res = universe_match([model_a, model_b], spec, device=str(device), **kw)
+    if res.canonical_model is None or res.aligned is None:
+        raise UniverseError("universe matching of two modules returned no canonical module")
+    info = {"objective": res.history, "rounds": len(res.rounds), "converged": res.converged, "groups": res.groups}
+    return Aligned(res.canonical_model, res.aligned[0], res.aligned[1], time.perf_counter() - start, info)
+
+
 # --------------------------------------------------------------------------- the report
 
 SCHEMA_ID = "symspec.universe/1"
@@ -840,6 +878,7 @@ __all__ = [
     "UniverseEvent",
     "UniverseResult",
     "WorkerError",
+    "align_universe",
     "build_report",
     "expand_models",
     "report_schema",

@@ -266,3 +266,25 @@ def test_expand_models(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("# nothing\n")
     with pytest.raises(UniverseError, match="the list of models is empty"):
         expand_models([f"@{tmp_path / 'empty.txt'}"])
+
+
+def test_align_universe_is_a_barrier_aligner() -> None:
+    from symspec.universe import align_universe
+
+    a, b = random_models(2)
+    aligned = align_universe(a, b, spec=SPEC, rounds=3)
+    res = universe_match([a, b], SPEC, rounds=3)
+    assert type(aligned.module) is type(a) and aligned.info["rounds"] == len(res.rounds)
+    names = list(res.bound.problem.params)
+    midpoint = {k: torch.lerp(aligned.sd_a[k], aligned.sd_b[k], 0.5) for k in names}
+    assert rel(midpoint, res.merged, names) <= 1e-12  # the path passes through the merged model
+    assert rel(dict(aligned.sd_b), {k: v.detach() for k, v in b.state_dict().items()}, names) > 0.1
+    with pytest.raises(UniverseError, match="needs a spec"):
+        align_universe(a, b)
+
+
+def test_a_foreign_workdir_is_refused_and_kept(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UniverseError, match="is not a universe work folder"):
+        universe_match(random_models(2), SPEC, workdir=tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
