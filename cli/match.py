@@ -244,7 +244,8 @@ def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, group
     with _Progress(True) as progress:
         la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
         progress.phase("binding and canonicalising")
-        result = weight_match(la.model, lb.model, spec, groups=groups, rounds=rounds, tol=tol, device=dev, progress=progress)
+        result = weight_match(la.model, lb.model, spec, groups=groups, rounds=rounds, tol=tol, device=dev, progress=progress,
+                              keep_canonical_b=False)
         progress.phase("writing")
         files: list[str] = []
         data = _summary("match", model_a, model_b, out, files, result, {"groups": groups})
@@ -307,7 +308,8 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
         else:
             la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
             progress.phase("binding and canonicalising")
-            result = weight_match(la.model, lb.model, spec, groups=groups, rounds=rounds, tol=tol, device=dev, progress=progress)
+            result = weight_match(la.model, lb.model, spec, groups=groups, rounds=rounds, tol=tol, device=dev, progress=progress,
+                                  keep_canonical_b=False)
             merged = result.interpolate(alpha)
         progress.phase("writing")
         files: list[str] = []

@@ -52,7 +52,8 @@ class MatchResult:
 
     bound: BoundSpec
     canonical_a: dict[str, torch.Tensor]
-    canonical_b: dict[str, torch.Tensor]
+    #: None when ``weight_match(keep_canonical_b=False)`` (B's copy became the aligned one)
+    canonical_b: dict[str, torch.Tensor] | None
     aligned_b: dict[str, torch.Tensor]
     elements: dict[str, Element]
     record: TransformRecord
@@ -78,12 +79,18 @@ class MatchResult:
     def distance(self, which: str = "aligned") -> float:
         """Squared weight distance over the bound parameters between canonical A and
         canonical B (``which="canonical"``) or aligned B (``"aligned"``)."""
+        if which == "canonical" and self.canonical_b is None:
+            return self.history[0]  # the objective at the identity is that distance
         other = self.aligned_b if which == "aligned" else self.canonical_b
+        assert other is not None
         return weight_distance(self.bound, self.canonical_a, other)
 
     def interpolate(self, alpha: float, *, align: bool = True) -> dict[str, torch.Tensor]:
         """``(1 - alpha) A + alpha B`` (aligned B unless ``align=False``), canonical form."""
-        return interpolate_state_dicts(self.canonical_a, self.aligned_b if align else self.canonical_b, alpha)
+        other = self.aligned_b if align else self.canonical_b
+        if other is None:
+            raise SymspecInputError("canonical B was not kept (weight_match(keep_canonical_b=False))")
+        return interpolate_state_dicts(self.canonical_a, other, alpha)
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able report: objective per round, time per phase, groups searched."""
@@ -166,7 +173,7 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
                  groups: str | Mapping[str, str] | None = None, rounds: int = 10, tol: float = 1e-6,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                  progress: Any = None, config: Any = None, max_iter: int = 5,
-                 greedy_start: bool = True) -> MatchResult:
+                 greedy_start: bool = True, keep_canonical_b: bool = True) -> MatchResult:
     """Align ``model_b`` to ``model_a`` in weight space under ``spec`` (data-free).
 
     ``model_a``/``model_b``: modules (or state dicts, with ``config`` for the spec's
@@ -178,7 +185,9 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
     ``device``: where the dense work runs ("cuda" when present). ``dtype``: the working
     precision (default: A's). ``progress``: called with a
     :class:`~symspec.solvers.MatchEvent` after every solved space and round.
-    Inputs are never modified.
+    ``keep_canonical_b=False`` saves one copy of B: its canonical form becomes the working
+    copy and then ``aligned_b`` (which then equals the record applied to B up to
+    rounding), and ``canonical_b`` is None. Inputs are never modified.
     """
     timer = Timer()
     t0 = time.perf_counter()
@@ -201,13 +210,25 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
     problem = bound_a.problem
     modes = parse_restriction(groups, problem)
     searched_problem = restrict_problem(problem, modes)
+    # keep_canonical_b=False: the solver takes the bound tensors out of ``cb`` and works on
+    # them (never in place, so entries still shared with the caller's B are safe)
+    own = not keep_canonical_b
     res = match_weights(searched_problem, ca, cb, rounds=rounds, tol=tol, device=device, dtype=dtype,
-                        progress=progress, max_iter=max_iter, greedy_start=greedy_start, timer=timer)
+                        progress=progress, max_iter=max_iter, greedy_start=greedy_start, timer=timer, own_b=own)
     work_dtype = dtype or next((ca[p].dtype for p in problem.params), torch.float64)
     elements = {s: embed(problem.spaces[s].group, searched_problem.spaces[s].group, e, work_dtype)
                 for s, e in res.elements.items()}
     with timer("transform"):
-        aligned = apply_elements(problem, {s: _to_cpu(e) for s, e in elements.items()}, cb)
+        if res.aligned is None:
+            aligned = apply_elements(problem, {s: _to_cpu(e) for s, e in elements.items()}, cb)
+        else:
+            aligned = dict(cb)  # what is left: the entries no space acts on
+            tie_of = {n: g for g in problem.ties for n in g}
+            for name in problem.params:
+                rep = next(n for n in tie_of.get(name, (name,)) if n in res.aligned)
+                aligned[name] = res.aligned[rep].to(device=sd_b[name].device, dtype=sd_b[name].dtype)
+            cb = None  # type: ignore[assignment]
+            res.aligned = None
     searched = {s: str(searched_problem.spaces[s].group) for s in problem.spaces
                 if searched_problem.spaces[s].group != problem.spaces[s].group}
     record = TransformRecord(

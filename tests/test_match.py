@@ -245,3 +245,18 @@ def test_progress_events() -> None:
     spaces = {e.space for e in events if e.kind == "space"}
     assert spaces == {"resid", "ff[0]", "ff[1]", "attn[0]", "attn[1]"}
     assert [e.objective for e in events if e.kind == "round"] == res.history[1:]
+
+
+def test_without_canonical_b_the_aligned_weights_are_the_same() -> None:
+    a, _ = build("opt", seed=0)
+    b, _ = build("opt", seed=1)
+    before = {k: v.clone() for k, v in b.state_dict().items()}
+    keep = weight_match(a, b, "opt", rounds=3)
+    lean = weight_match(a, b, "opt", rounds=3, keep_canonical_b=False)
+    assert lean.canonical_b is None and lean.history == pytest.approx(keep.history)
+    assert lean.distance("canonical") == pytest.approx(keep.distance("canonical"))
+    for k, v in keep.aligned_b.items():
+        assert torch.allclose(lean.aligned_b[k], v, atol=1e-10), k
+    assert all(torch.equal(before[k], v) for k, v in b.state_dict().items())
+    with pytest.raises(SymspecInputError, match="not kept"):
+        lean.interpolate(0.5, align=False)

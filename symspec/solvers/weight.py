@@ -72,6 +72,8 @@ class WeightMatchingResult:
     #: spaces whose element changed in the last round
     changed: list[str]
     converged: bool
+    #: with ``own_b``: B transformed by ``elements`` (one entry per tie representative)
+    aligned: dict[str, torch.Tensor] | None = None
 
 
 def schedule(problem: Problem, spaces: list[str], covers: Mapping[str, set[str]] | None = None) -> list[list[str]]:
@@ -126,6 +128,19 @@ def joint_pairs(problem: Problem, incidences: Mapping[str, list[Incidence]]) -> 
     return pairs
 
 
+def sqdist(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 22) -> float:
+    """||a - b||^2 accumulated in float64, in chunks: no temporaries the size of a large
+    weight (fresh allocations of hundreds of MB page-fault their way in, every time)."""
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    if fa.numel() <= chunk:
+        return float((fa - fb).square().sum(dtype=torch.float64))
+    total = 0.0
+    for i in range(0, fa.numel(), chunk):
+        d = fa[i : i + chunk] - fb[i : i + chunk]
+        total += float(d.square().sum(dtype=torch.float64))
+    return total
+
+
 def _undo_chain(steps: tuple[tuple[Any, Element, tuple[str, ...], str], ...], x: torch.Tensor) -> torch.Tensor:
     """Apply inverse elements one after the other (outer space first, then its partner)."""
     for group, element, path, variance in steps:
@@ -135,7 +150,7 @@ def _undo_chain(steps: tuple[tuple[Any, Element, tuple[str, ...], str], ...], x:
 
 class _Engine:
     def __init__(self, problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor],
-                 ctx: SolveContext, init: Mapping[str, Element] | None) -> None:
+                 ctx: SolveContext, init: Mapping[str, Element] | None, own_b: bool = False) -> None:
         self.problem = problem
         self.ctx = ctx
         dev, dt = ctx.device, ctx.dtype
@@ -180,19 +195,61 @@ class _Engine:
 
         self.cur: dict[str, torch.Tensor] = {}
         self.obj: dict[str, float] = {}
-        self.load(self.elements)
+        if own_b:
+            # B's tensors become the working copy (transformed as we go, never in place):
+            # no second copy of B. The caller's dict gives them up (see match_weights).
+            assert isinstance(sd_b, dict)
+            with ctx.timer("apply"):
+                for p in self.weight:
+                    if p in self.static:
+                        continue
+                    x = self.b0.pop(p)
+                    sd_b.pop(p, None)
+                    self.cur[p] = x if init is None else self._transform(p, x, self.elements)
+            self._objectives()
+        else:
+            self.load(self.elements)
 
     def load(self, elements: Mapping[str, Element]) -> None:
         """Set every element, and B transformed by them."""
+        if any(p not in self.b0 for p in self.weight):
+            self.move_to(elements)
+            return
         self.elements = dict(elements)
         self.cur.clear()
         with self.ctx.timer("apply"):
             for p in self.weight:
                 if p not in self.static:
                     self.cur[p] = self._transform(p, self.b0[p], self.elements)
+        self._objectives()
+
+    def move_to(self, elements: Mapping[str, Element]) -> None:
+        """Act on the working copy until it holds B transformed by ``elements`` (when B
+        itself was not kept): each space's change, conjugated by the factors after it."""
+        with self.ctx.timer("apply"):
+            for s, target in elements.items():
+                group = self.problem.spaces[s].group
+                if group.equal(target, self.elements[s], atol=0.0):
+                    continue
+                delta = group.compose(target, group.inverse(self.elements[s]))
+                for p in dict.fromkeys(inc.param for inc in self.incidences[s]):
+                    if p not in self.static:
+                        self.cur[p] = self._transform(p, self.cur[p], {s: delta}, only=s)
+                self.elements[s] = target
+        self._objectives()
+
+    def _objectives(self) -> None:
         with self.ctx.timer("objective"):
             for p in self.weight:
                 self.obj[p] = self._objective(p, self.elements)
+
+    def aligned(self) -> dict[str, torch.Tensor]:
+        """B transformed by the current elements, one entry per tie representative."""
+        out = dict(self.cur)
+        with self.ctx.timer("apply"):
+            for p in self.static:
+                out[p] = self._transform(p, self.b0[p], self.elements)
+        return out
 
     # -- data access ---------------------------------------------------------------------
     def _incs_of(self, p: str, s: str) -> list[Incidence]:
@@ -252,6 +309,11 @@ class _Engine:
     def _static_objective(self, p: str, elements: Mapping[str, Element]) -> float:
         s = self.static[p]
         group = self.problem.spaces[s].group
+        if solver_for(group).cheap_apply:
+            # acting on the data costs about what the data does: cheaper than an n x n
+            # action matrix (a head group's is block-permuted, with per-head inverses)
+            x = self._transform(p, self.b0[p], {s: elements[s]})
+            return self.weight[p] * sqdist(self.a[p], x)
         total = 0.0
         for inc in self._incs_of(p, s):
             t = self.static_terms[inc]
@@ -269,7 +331,7 @@ class _Engine:
         if p in self.static:
             return self._static_objective(p, elements)
         x = self.cur[p] if cur is None else cur
-        return self.weight[p] * float((self.a[p] - x).square().sum(dtype=torch.float64))
+        return self.weight[p] * sqdist(self.a[p], x)
 
     def total(self) -> float:
         return sum(self.obj.values())
@@ -457,7 +519,7 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
                   rounds: int = 10, tol: float = 1e-6, device: str | torch.device = "cpu",
                   dtype: torch.dtype | None = None, init: Mapping[str, Element] | None = None,
                   progress: Progress | None = None, max_iter: int = 5, greedy_start: bool = True,
-                  timer: Timer | None = None) -> WeightMatchingResult:
+                  timer: Timer | None = None, own_b: bool = False) -> WeightMatchingResult:
     """Coordinate descent for ``min_g sum_P ||A_P - g.B_P||^2`` (both in canonical form).
 
     ``rounds``: at most this many rounds; stop earlier once a round improves the
@@ -466,6 +528,11 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
     that round ends below the starting objective). ``max_iter``: Gauss-Newton steps per
     GL solve. Spaces whose group is ``Id`` are not searched. Elements come back in
     ``problem``'s groups, on ``device``.
+
+    ``own_b``: ``sd_b`` is a dict the solver may take tensors out of: B's bound tensors
+    become the working copy instead of being copied (for large models: one copy of B
+    less), and the result carries B transformed (``aligned``), accumulated round by round
+    (equal to applying ``elements`` to B up to rounding).
     """
     if rounds < 0:
         raise SymspecInputError(f"rounds must be >= 0, got {rounds}")
@@ -475,7 +542,7 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
     ref = next((sd_a[p] for p in problem.params), None)
     dt = dtype or (ref.dtype if ref is not None and ref.is_floating_point() else torch.float64)
     ctx = SolveContext(device=torch.device(device), dtype=dt, timer=timer or Timer(), max_iter=max_iter)
-    engine = _Engine(problem, sd_a, sd_b, ctx, init)
+    engine = _Engine(problem, sd_a, sd_b, ctx, init, own_b=own_b)
     searched = [s for s, si in problem.spaces.items() if not isinstance(si.group, Id) and engine.incidences[s]]
     engine.pairs = {s: t for s, t in engine.pairs.items() if s in searched and t in searched}
     for s in searched:
@@ -516,4 +583,5 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
         if not changed or prev - now <= tol * max(abs(prev), 1e-300):
             converged = True
             break
-    return WeightMatchingResult(engine.elements, history, ctx.timer.as_dict(), changed, converged)
+    aligned = engine.aligned() if own_b else None
+    return WeightMatchingResult(engine.elements, history, ctx.timer.as_dict(), changed, converged, aligned)
