@@ -235,16 +235,15 @@ def _print(report: dict[str, Any], result: Any, analysis: Any, written: dict[str
         r = info["round"]
         rounds.add_row(str(r), f"{hist[r]:.6g}", f"{report['relative_objective'][r]:.4f}", f"{info['seconds']:.1f}")
     console.print(rounds)
-    models = Table(title="models", title_justify="left")
-    for col, just in (("model", "left"), ("distance before", "right"), ("distance after", "right"), ("loss", "right"),
-                      ("aligned loss", "right")):
+    models = Table(title="models: squared distance to the universe", title_justify="left")
+    cols = [("model", "left"), ("before", "right"), ("after", "right")]
+    if analysis is not None:
+        cols += [("loss", "right"), ("aligned loss", "right")]
+    for col, just in cols:
         models.add_column(col, justify=just)  # type: ignore[arg-type]
     for k, m in enumerate(report["models"]):
-        loss = al = ""
-        if analysis is not None:
-            loss = f"{analysis.endpoints[k].loss:.4f}"
-            al = f"{analysis.aligned[k].loss:.4f}"
-        models.add_row(m["name"], f"{m['distance_before']:.6g}", f"{m['distance_after']:.6g}", loss, al)
+        extra = [f"{analysis.endpoints[k].loss:.4f}", f"{analysis.aligned[k].loss:.4f}"] if analysis is not None else []
+        models.add_row(m["name"], f"{m['distance_before']:.6g}", f"{m['distance_after']:.6g}", *extra)
     console.print(models)
     if analysis is not None:
         t = Table(title=f"merged model on {analysis.data.get('source')} ({analysis.data.get('split')})", title_justify="left")

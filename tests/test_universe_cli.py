@@ -225,3 +225,27 @@ def test_overwrite_and_human_output(files: dict[str, Path], tmp_path: Path) -> N
     assert not (out / "stale.txt").exists() and (out / "merged.pt").exists()
     rec = TransformRecord.load(out / "transforms" / "01-seed2")
     assert rec.searched["resid"] == "S(16)"
+
+
+@pytest.mark.slow
+def test_hugging_face_folders_stay_hugging_face_folders(tmp_path: Path) -> None:
+    from tests.zoo import ZOO
+
+    inputs = []
+    for s in range(3):
+        model, example = ZOO["gpt2"](seed=s)
+        model.save_pretrained(tmp_path / f"m{s}")
+        inputs.append((model, example))
+    out = tmp_path / "out"
+    code, stdout, stderr = run("universe", *(tmp_path / f"m{s}" for s in range(3)), "--out", out, "--rounds", 2, "--json")
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    assert [m["format"] for m in report["models"]] == ["hf"] * 3 and report["spec"] == "gpt2"
+    merged = load_model(out / "merged")
+    assert merged.format == "hf" and type(merged.model).__name__ == "GPT2LMHeadModel"
+    for s in (0, 2):  # an aligned model, saved and reloaded, computes what its input computes
+        model, example = inputs[s]
+        aligned = load_model(out / "aligned" / f"0{s}-m{s}").model
+        with torch.no_grad():
+            assert torch.allclose(aligned(**example).logits, model(**example).logits, atol=1e-4)
+    assert (out / "transforms" / "01-m1" / "transform.json").exists()
