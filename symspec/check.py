@@ -178,13 +178,19 @@ def canonicalize_inplace(bound: BoundSpec, module: torch.nn.Module) -> None:
             untie_module(module, op.args["param"])
     live = _live(module)
     views = {k: v.detach() for k, v in live.items()}
+    for op in _one_writer_at_a_time(bound.canonical):
+        if op.kind != "untie":  # done on the module above
+            _step_inplace(op, live, views)
+
+
+def _step_inplace(op: CanonOp, live: Mapping[str, torch.Tensor], views: Mapping[str, torch.Tensor]) -> None:
+    """One canonicalisation step, its results copied into the module's own tensors (a
+    function of its own, so that no rewritten tensor outlives the step)."""
+    sd = dict(views)
+    STEP_IMPLS[op.kind](op, sd)
     with torch.no_grad():
-        for op in _one_writer_at_a_time(bound.canonical):
-            sd = dict(views)
-            STEP_IMPLS[op.kind](op, sd)
-            for k, v in sd.items():
-                if v is not views[k]:
-                    live[k].copy_(v)
+        for name in [k for k, v in sd.items() if v is not views[k]]:
+            live[name].copy_(sd.pop(name))
 
 
 def _one_writer_at_a_time(ops: Sequence[CanonOp]) -> list[CanonOp]:
@@ -402,10 +408,11 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
         models.dirty.update(mover.undo(elements, token))
 
     # The costliest space (the residual: its elements move the embeddings and every
-    # layer) is applied samples + 1 times in all: each sample's element is reached from
-    # the previous one's by a single action (g_k g_{k-1}^-1), and serves both its own
-    # row and, with every other space on top, the 'all' row. The other spaces' rows run
-    # first, with the costliest one at the identity.
+    # layer) acts once per sample: each sample's element is reached from the previous
+    # one's by a single action (g_k g_{k-1}^-1) and serves both its own row and, with
+    # every other space on top, the 'all' row. The other spaces' rows run first, with
+    # the costliest one at the identity; the last element is undone only if a failure
+    # has to be located afterwards.
     cost = {d: sum(math.prod(problem.params[p].shape) for i in insts[d] for p in problem.params_of(i)) for d in declared}
     pivot = max(declared, key=lambda d: cost[d]) if len(declared) > 1 else None
     if pivot is not None and _shares_chain(problem, set(insts[pivot])):
@@ -419,6 +426,7 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
         if want_all and pivot is None:
             say(f"sample {k + 1}/{samples}: all spaces together")
             measure("all", elems if len(declared) > 1 else sample_elements(problem, all_insts, seed=seed * 1000 + 500 + k, cond=cond))
+    pending: tuple[dict[str, Element], Any] | None = None
     if pivot is not None:
         chain = not any(mover.has_abs(problem.params[p], set(insts[pivot])) for i in insts[pivot] for p in problem.params_of(i))
         current: dict[str, Element] = {}
@@ -437,13 +445,21 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
             current = target
             record(pivot)
             measure("all", {i: elems[i] for d in rest for i in insts[d]})
-        models.dirty.update(mover.undo(current, token if not chain else (token[0], {})))
+        # the last element stays applied unless a failure must be located below
+        pending = (current, token if not chain else (token[0], {}))
+
+    def at_identity() -> None:
+        nonlocal pending
+        if pending is not None:
+            models.dirty.update(mover.undo(*pending))
+            pending = None
 
     for d in declared:
         label = d if len(insts[d]) == 1 and problem.spaces[insts[d][0]].index is None else f"{d}[*]"
         groups = sorted({str(problem.spaces[i].group) for i in insts[d]})
         rows = [CheckRow(label, " | ".join(groups), dt, samples, *worst[d][dt], tol[dt]) for dt in dtypes]
         if len(insts[d]) > 1 and not all(r.passed for r in rows):
+            at_identity()
             failing = []
             for inst in insts[d]:
                 say(f"locating the failure: {inst}")
