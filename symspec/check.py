@@ -146,8 +146,9 @@ def compare(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[float
 # parameter, runs the model and undoes them (the inverse elements, applied in the reverse
 # order of every factor chain; parameters bound with |rho| are restored from a copy, since
 # |rho(g)|^-1 is |rho(g^-1)| only for monomial groups). Nothing holds a second full copy of
-# the weights, so a float64 check of a model of P float32 parameters needs about 2P
-# float64 values (4x the model's size) plus one parameter's worth of transient memory.
+# the weights: a float64 check of a float32 model needs twice the model's size (more when
+# the spec unties a tied head) plus about one parameter's worth of transient memory; the
+# float32 mirror adds the model's size once more.
 
 
 def copy_as(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
