@@ -203,7 +203,7 @@ def simplex_surface(evaluator: PathEvaluator, states: Sequence[Mapping[str, torc
         r = evaluator.evaluate(buf, progress, prepared=True)
         losses.append(r.loss)
         accs.append(r.accuracy)
-    accuracies = tuple(float(a) for a in accs) if all(a is not None for a in accs) else None
+    accuracies = tuple(float(a) for a in accs if a is not None) if all(a is not None for a in accs) else None
     return SimplexSurface(method, tuple(labels), res, tuple(grid), tuple(losses), accuracies, time.perf_counter() - start)
 
 

@@ -29,6 +29,7 @@ failed run resumes from its work folder.
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import math
@@ -229,7 +230,10 @@ def expand_models(args: Sequence[str | Path]) -> list[str]:
             entries = [e if Path(e).is_absolute() else str(listing.parent / e) for e in entries if e]
             if not entries:
                 raise UniverseError(f"{text}: the list of models is empty")
-            out += expand_models([e for e in entries if not e.startswith("@")])
+            nested = [e for e in entries if Path(e).name.startswith("@")]
+            if nested:
+                raise UniverseError(f"{text}: a list of models cannot name another list ({nested[0]})")
+            out += expand_models(entries)
         elif glob.has_magic(text):
             found = sorted(glob.glob(text, recursive=True))
             if not found:
@@ -339,6 +343,10 @@ class _Round:
             self.failures.append(res)
         self.say(len(self.results), task.name)
         self.feed()
+
+
+def _say_align(say: Progress, r: int, rounds: int, n: int, done: int, name: str) -> None:
+    say(UniverseEvent("align", r, rounds, done, n, name))
 
 
 def _converged(history: list[float], tol: float, floor: float) -> bool:
@@ -559,9 +567,9 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
         # -- rounds -------------------------------------------------------------------------
         n = len(entries)
         state_file = work / "state.json"
-        state = read_json(state_file) if state_file.exists() else {"rounds": [], "history": []}
-        done_rounds: list[dict[str, Any]] = list(state["rounds"])
-        history: list[float] = list(state["history"])
+        saved: dict[str, Any] = read_json(state_file) if state_file.exists() else {"rounds": [], "history": []}
+        done_rounds: list[dict[str, Any]] = list(saved["rounds"])
+        history: list[float] = list(saved["history"])
         first = _round_dir(work, 1) / "universe.safetensors"
         if not first.exists():
             save_tensors(first, ref_canonical)
@@ -575,7 +583,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
             rdir = _round_dir(work, r)
             universe_path = rdir / "universe.safetensors"
             universe = load_tensors(universe_path)
-            rnd = _Round(n, rdir, keys, lambda i, name, r=r: say(UniverseEvent("align", r, rounds, i, n, name)))
+            rnd = _Round(n, rdir, keys, functools.partial(_say_align, say, r, rounds, n))
             tasks = []
             for i, (name, _, _) in enumerate(entries):
                 marker = rdir / f"{keys[i]}.json"

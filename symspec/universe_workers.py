@@ -95,7 +95,7 @@ def save_tensors(path: str | Path, tensors: Mapping[str, torch.Tensor], metadata
 
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, Any]] = set()
     out: dict[str, torch.Tensor] = {}
     for k, v in tensors.items():
         t = v.detach().to("cpu").contiguous()

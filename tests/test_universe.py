@@ -288,3 +288,22 @@ def test_a_foreign_workdir_is_refused_and_kept(tmp_path: Path) -> None:
     with pytest.raises(UniverseError, match="is not a universe work folder"):
         universe_match(random_models(2), SPEC, workdir=tmp_path)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_save_outputs_from_the_api(three: Any, tmp_path: Path) -> None:
+    import json
+
+    import jsonschema
+
+    from symspec.universe import build_report, report_schema, save_outputs
+
+    _, res = three
+    written = save_outputs(res, tmp_path / "out", report=build_report(res))
+    merged = torch.load(tmp_path / "out" / "merged.pt", weights_only=True)
+    assert all(torch.equal(merged[k], res.merged[k]) for k in res.merged)
+    assert [Path(p).name for p in written["aligned"]] == ["00-model0.pt", "01-model1.pt", "02-model2.pt"]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    jsonschema.validate(report, report_schema())
+    assert report["analysis"] is None and report["outputs"] == written
+    with pytest.raises(UniverseError, match="exists; refusing to overwrite"):
+        save_outputs(res, tmp_path / "out")
