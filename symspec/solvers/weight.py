@@ -229,7 +229,7 @@ class _Engine:
         with self.ctx.timer("apply"):
             for s, target in elements.items():
                 group = self.problem.spaces[s].group
-                if group.equal(target, self.elements[s], atol=0.0):
+                if all(torch.equal(target[k], self.elements[s][k]) for k in target):
                     continue
                 delta = group.compose(target, group.inverse(self.elements[s]))
                 for p in dict.fromkeys(inc.param for inc in self.incidences[s]):
@@ -488,7 +488,8 @@ class _Engine:
         for s, new in news.items():
             group = self.problem.spaces[s].group
             old = self.elements[s]
-            if not group.equal(new, old, atol=0.0):
+            # the same fields (not group.equal, which builds every action matrix)
+            if not all(torch.equal(new[k], old[k].to(new[k].device)) for k in old):
                 deltas[s] = group.compose(new, group.inverse(old))
         if not deltas:
             return False
