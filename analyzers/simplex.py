@@ -392,7 +392,9 @@ def plot_simplex(surfaces: Sequence[SimplexSurface], path: str | Path, *, title:
         ax.set_ylim(-0.14, 0.98)
         ax.axis("off")
     if mappable is not None:
-        fig.colorbar(mappable, ax=list(axes), shrink=0.8, label="deviation from the endpoints' average")
+        ticks = [vmax * k / 4 for k in range(5)] + ([vmin / 2, vmin] if lo < 0 else [])
+        fig.colorbar(mappable, ax=list(axes), shrink=0.8, spacing="proportional", format="%.3g", ticks=sorted(ticks),
+                     label="deviation from the endpoints' average")
     if title:
         fig.suptitle(title, fontsize=10)
     buf = io.BytesIO()
