@@ -1,0 +1,164 @@
+"""Wall time and peak memory of ``symspec check`` on GPT-2-small- and Llama-shaped models.
+
+    python bench/bench_check.py [--samples 3] [--repeats 1] [--cases gpt2-small,llama-125m]
+                                [--dtypes float64 float64,float32] [--out bench/results/check.json]
+
+Each measurement runs ``symspec.check`` (what ``symspec check`` calls) on a model built
+from a config with random weights (nothing downloads), in a fresh subprocess, so that
+one case's memory does not hide another's:
+
+- gpt2-small: GPT2LMHeadModel, 12 layers, d 768, 12 heads, vocab 50257 (124M parameters);
+- llama-125m: LlamaForCausalLM, 12 layers, d 768, 12 query / 4 key-value heads, SwiGLU
+  2048, vocab 32000, untied (134M parameters).
+
+Peak memory is the process's peak resident set (VmHWM), reset just before the check
+(``/proc/self/clear_refs``) so that it counts the check, not the model's construction;
+"x model" divides the growth over the resident set before the check by the model's
+size as given (float32 bytes). Targets for the float64 check of gpt2-small on 2 CPU
+cores: under 30 s and under 4x the model's size. The machine may be shared: the load
+average at the start of each run is recorded with it, and with ``--repeats`` the
+fastest run is reported (all runs are kept). On a machine shared with other
+work, OpenMP's default spin-waiting makes torch's small parallel ops 10-80x slower when
+the cores are oversubscribed; ``--passive`` runs with OMP_WAIT_POLICY=PASSIVE (recorded
+with the results), which removes that artefact without changing the work done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CASES: dict[str, dict[str, Any]] = {
+    "gpt2-small": {"spec": "gpt2", "family": "gpt2", "config": {}},
+    "llama-125m": {"spec": "llama", "family": "llama", "config": {
+        "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 4,
+        "intermediate_size": 2048, "vocab_size": 32000, "tie_word_embeddings": False}},
+}
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _build(case: str) -> tuple[Any, dict[str, Any]]:
+    import torch
+    import transformers
+
+    spec = CASES[case]
+    torch.manual_seed(0)
+    if spec["family"] == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**spec["config"]))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**spec["config"]))
+    g = torch.Generator().manual_seed(0)
+    inputs = {"input_ids": torch.randint(model.config.vocab_size, (2, 16), generator=g), "use_cache": False}
+    return model.eval(), inputs
+
+
+def measure(case: str, dtypes: list[str], samples: int) -> dict[str, Any]:
+    """One measurement, in this process (the parent runs it in a fresh one)."""
+    import torch
+
+    import symspec
+    from symspec.check import check
+
+    model, inputs = _build(case)
+    n_params = sum(p.numel() for p in model.parameters())
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    spec = symspec.load_spec(CASES[case]["spec"])
+    rss_before = _status_kb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    report = check(model, spec, inputs, samples=samples, dtypes=dtypes)
+    wall = time.perf_counter() - start
+    peak = _status_kb("VmHWM")
+    grown = (peak - rss_before) * 1024
+    return {
+        "case": case,
+        "spec": spec.name,
+        "dtypes": dtypes,
+        "samples": samples,
+        "params": n_params,
+        "model_mb": round(model_bytes / 2**20, 1),
+        "wall_s": round(wall, 2),
+        "rss_before_mb": round(rss_before / 1024, 1),
+        "peak_rss_mb": round(peak / 1024, 1),
+        "check_peak_mb": round(grown / 2**20, 1),
+        "x_model": round(grown / model_bytes, 2),
+        "passed": report.passed,
+        "max_rel": {dt: max(r.max_rel for r in report.rows if r.dtype == dt) for dt in dtypes},
+        "rows": len(report.rows),
+        "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+        "load_avg_1m": round(load, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
+    ap.add_argument("--dtypes", nargs="+", default=["float64", "float64,float32"], help="one run per item, e.g. float64 float64,float32")
+    ap.add_argument("--samples", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "check.json"))
+    ap.add_argument("--passive", action="store_true", help="run with OMP_WAIT_POLICY=PASSIVE (for shared machines)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: CASE:DTYPES, run in this process
+    args = ap.parse_args(argv)
+
+    if args.one:
+        case, dts = args.one.split(":")
+        print(json.dumps(measure(case, dts.split(","), args.samples)))
+        return 0
+
+    runs: list[dict[str, Any]] = []
+    for case in args.cases.split(","):
+        for dts in args.dtypes:
+            for rep in range(args.repeats):
+                cmd = [sys.executable, __file__, "--one", f"{case}:{dts}", "--samples", str(args.samples)]
+                env = {**os.environ, "PYTHONWARNINGS": "ignore", **({"OMP_WAIT_POLICY": "PASSIVE"} if args.passive else {})}
+                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+                if out.returncode:
+                    print(out.stderr, file=sys.stderr)
+                    return 1
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                r["repeat"] = rep
+                runs.append(r)
+                print(f"{case:<11} {dts:<16} {r['wall_s']:>7.1f} s  peak +{r['check_peak_mb']:>7.0f} MB = {r['x_model']:>4.2f}x model "
+                      f"({r['model_mb']:.0f} MB)  passed={r['passed']}  load {r['load_avg_1m']}", flush=True)
+    best: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        key = f"{r['case']}:{','.join(r['dtypes'])}"
+        if key not in best or r["wall_s"] < best[key]["wall_s"]:
+            best[key] = r
+    result = {
+        "benchmark": "symspec check (symspec.check.check)",
+        "command": "python bench/bench_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "targets": {"gpt2-small:float64": {"wall_s": 30, "x_model": 4}},
+        "best": best,
+        "runs": runs,
+    }
+    g = best.get("gpt2-small:float64")
+    if g:
+        result["targets"]["gpt2-small:float64"]["met"] = bool(g["wall_s"] < 30 and g["x_model"] < 4)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
