@@ -87,12 +87,13 @@ def trace(model: torch.nn.Module, example_inputs: Any, problem: Problem | None =
                 if method == "symbolic_trace":
                     if kwargs:
                         raise RuntimeError("keyword inputs: symbolic_trace is not tried")
-                    gm = fx.symbolic_trace(model)
-                    g = _symbolic_graph(gm, model)
+                    traced = fx.symbolic_trace(model)
+                    g = _symbolic_graph(traced, model)
+                    gm: Any = traced
                 else:
                     ep = torch.export.export(model, args, kwargs, strict=False)
-                    gm = ep
                     g = _export_graph(ep)
+                    gm = ep
         except Exception as e:  # any failure: report why and try the next method
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             reasons.append(f"{method}: {type(e).__name__}: {first[:200]}")
