@@ -842,6 +842,9 @@ def save_outputs(result: UniverseResult, out: str | Path, *, report: Mapping[str
         raise UniverseError(f"{out} exists; refusing to overwrite it (use --overwrite)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the output folder is an ordinary one
     module = result.canonical_model if result.canonical_model is not None else torch.nn.Module()
     written: dict[str, Any] = {"aligned": [], "transforms": []}
     try:
