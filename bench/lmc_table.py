@@ -41,11 +41,24 @@ sys.path.insert(0, str(ROOT / "bench"))
 import trained  # noqa: E402
 
 from symspec import __version__  # noqa: E402
-from symspec.analyzers.barrier import ALIGNERS, LABELS, PairResult, measure, summarize  # noqa: E402
+from symspec.analyzers.barrier import (  # noqa: E402
+    ALIGNERS,
+    LABELS,
+    PairResult,
+    mean_stderr,
+    measure,
+    register_aligner,
+    summarize,
+)
 from symspec.analyzers.plots import plot_results  # noqa: E402
 from symspec.io_util import atomic_write_text  # noqa: E402
+from symspec.universe import align_universe, universe_match  # noqa: E402
+
+register_aligner("universe", align_universe, "universe matching")
 
 RESULTS = ROOT / "bench" / "results"
+#: table order; methods registered later come after these
+ORDER = ("none", "weight-perm", "weight", "universe")
 TASKS = {"gpt": "nanogpt", "vit": "vit"}
 README_BEGIN = "<!-- lmc-table:begin -->"
 README_END = "<!-- lmc-table:end -->"
@@ -87,7 +100,28 @@ def run_task(task: str, data: str, pairs: int, methods: list[str], points: int, 
         endpoints.append({"seed": meta["seed"], "test_loss": loss, "test_accuracy": acc,
                           "train_seconds": meta["train_seconds"], "cached": meta["cached"]})
     return {"task": task, "label": label, "spec": spec, "data": data, "recipe": recipe_name,
-            "test": test.describe(), "endpoints": endpoints, "results": results, "seconds": seconds}
+            "test": test.describe(), "endpoints": endpoints, "results": results, "seconds": seconds,
+            "merge": merge_all([m for m, _ in models], spec, test, log) if "universe" in methods else None}
+
+
+def merge_all(models: list[torch.nn.Module], spec: str, test: Any, log: Any) -> dict[str, Any]:
+    """Merge every model of a task into one: plain averaging vs universe matching."""
+    import copy
+
+    log(f"  merging all {len(models)} models: plain averaging and universe matching")
+    states = [{k: v.detach() for k, v in m.state_dict().items()} for m in models]
+    plain = copy.deepcopy(models[0])
+    plain.load_state_dict({k: sum(sd[k] for sd in states) / len(states) for k in states[0]})
+    plain_loss, plain_acc = trained.evaluate(plain, test)
+    start = time.perf_counter()
+    res = universe_match(models, spec)
+    seconds = time.perf_counter() - start
+    merged = res.canonical_model
+    merged.load_state_dict(res.merged)
+    uni_loss, uni_acc = trained.evaluate(merged, test)
+    return {"models": len(models), "plain_loss": plain_loss, "plain_accuracy": plain_acc,
+            "universe_loss": uni_loss, "universe_accuracy": uni_acc, "universe_seconds": seconds,
+            "universe_rounds": len(res.rounds), "objective": res.history}
 
 
 def summary_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -115,7 +149,8 @@ def _pair(r: PairResult) -> dict[str, Any]:
 
 def markdown(runs: list[dict[str, Any]], command: str) -> str:
     labels = [run["label"] for run in runs]
-    methods = list(dict.fromkeys(m for run in runs for m in run["results"]))
+    found = list(dict.fromkeys(m for run in runs for m in run["results"]))
+    methods = [m for m in ORDER if m in found] + [m for m in found if m not in ORDER]
     lines = ["| method | " + " | ".join(f"{lab} barrier" for lab in labels) + " | " + " | ".join(f"{lab} matching time" for lab in labels) + " |",
              "|---|" + "---:|" * (2 * len(labels))]
     by_task = {run["label"]: {r["method"]: r for r in run["rows"]} for run in runs}
@@ -129,12 +164,20 @@ def markdown(runs: list[dict[str, Any]], command: str) -> str:
     lines.append("")
     lines.append("| task | models | test loss (mean ± se) | test accuracy (mean ± se) |")
     lines.append("|---|---:|---:|---:|")
-    from symspec.analyzers.barrier import mean_stderr
-
     for run in runs:
         lm, ls = mean_stderr([e["test_loss"] for e in run["endpoints"]])
         am, as_ = mean_stderr([e["test_accuracy"] for e in run["endpoints"]])
         lines.append(f"| {run['label']} | {len(run['endpoints'])} | {_pm(lm, ls, 3)} | {_pm(am, as_, 3)} |")
+    merges = [run for run in runs if run.get("merge")]
+    if merges:
+        lines.append("")
+        lines.append("| task | all models merged into one | endpoints' test loss | plain averaging | universe matching | universe matching time |")
+        lines.append("|---|---:|---:|---:|---:|---:|")
+        for run in merges:
+            mg = run["merge"]
+            lm, ls = mean_stderr([e["test_loss"] for e in run["endpoints"]])
+            lines.append(f"| {run['label']} | {mg['models']} | {_pm(lm, ls, 3)} | {mg['plain_loss']:.3f} | "
+                         f"{mg['universe_loss']:.3f} | {mg['universe_seconds']:.1f} s |")
     pairs = {len(run["rows"][0]["pairs_detail"]) for run in runs}
     lines.append("")
     lines.append(f"Loss barrier on the test split, 11 points of λ, mean ± standard error over {'/'.join(map(str, sorted(pairs)))} "
@@ -174,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise SystemExit(f"unknown task {unknown[0]}; tasks: {', '.join(TASKS)}")
-    methods = [m.strip() for m in args.methods.split(",")] if args.methods else list(ALIGNERS)
+    methods = [m.strip() for m in args.methods.split(",")] if args.methods else [m for m in ORDER if m in ALIGNERS] + [m for m in ALIGNERS if m not in ORDER]
     for m in methods:
         if m not in ALIGNERS:
             raise SystemExit(f"unknown method {m}; known: {', '.join(ALIGNERS)}")
