@@ -141,7 +141,7 @@ def train(task: str, seed: int, data: str, recipe: dict[str, Any], log: Any = pr
         opt.step()
         sched.step()
         if step % max(1, recipe["steps"] // 5) == 0:
-            log(f"  {task} seed {seed}: step {step}/{recipe['steps']} train loss {float(loss):.3f}")
+            log(f"  {task} seed {seed}: step {step}/{recipe['steps']} train loss {loss.item():.3f}")
     seconds = time.perf_counter() - start
     val = split(task, data, recipe, model, "val")
     val_loss, val_acc = evaluate(model, val)
