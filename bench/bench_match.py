@@ -170,6 +170,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         "params_per_model": sum(p.numel() for p in {id(q): q for q in a.parameters()}.values()),
         "threads": threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", ""),
         "load_average": load,
         "build_seconds": build_s,
         "seconds": wall,
@@ -189,7 +190,9 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
 
 def _subprocess(case: dict[str, Any], timeout: float) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `symspec match` sets it (cli/match.py)
+    # as `symspec match` sets them (cli/match.py: passive OpenMP waits, a fixed mmap threshold)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
     proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
     if proc.returncode != 0:

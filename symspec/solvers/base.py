@@ -228,7 +228,7 @@ class DataTerm(Term):
     def _gram_diag(self) -> torch.Tensor:
         if self.fold:
             return super()._gram_diag()
-        return _sum(p.weight * self.b(k).square().sum(-1) for k, p in enumerate(self.pieces))
+        return _sum(p.weight * torch.linalg.vector_norm(self.b(k), dim=-1).square() for k, p in enumerate(self.pieces))
 
     def _gram_blocks(self, size: int) -> torch.Tensor:
         if self.fold:
@@ -241,7 +241,7 @@ class DataTerm(Term):
         return _sum(out)
 
     def _rows_sq(self) -> torch.Tensor:
-        return _sum(p.weight * p.a.square().sum(-1) for p in self.pieces)
+        return _sum(p.weight * torch.linalg.vector_norm(p.a, dim=-1).square() for p in self.pieces)
 
     def _gram_a(self) -> torch.Tensor:
         return _sum(p.weight * (p.a @ p.a.mT) for p in self.pieces)

@@ -141,6 +141,11 @@ def sqdist(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 22) -> float:
     return total
 
 
+def _row_norms_sq(x: torch.Tensor) -> torch.Tensor:
+    """sum of squares per row, without a temporary the size of ``x`` (an embedding's)."""
+    return torch.linalg.vector_norm(x, dim=-1).square()
+
+
 def _undo_chain(steps: tuple[tuple[Any, Element, tuple[str, ...], str], ...], x: torch.Tensor) -> torch.Tensor:
     """Apply inverse elements one after the other (outer space first, then its partner)."""
     for group, element, path, variance in steps:
@@ -174,13 +179,17 @@ class _Engine:
                     self.incidences[name].append(inc)
         self.pairs = joint_pairs(problem, self.incidences)
         # parameters acted on by a single space, along one axis, one factor per segment:
-        # their terms never change, so they are reduced once
+        # their terms never change, so they are reduced once -- where the n x n statistics
+        # are no larger than the data (an embedding, not a bias: a bias of n units would
+        # keep a rank-one n x n matrix for the whole run)
         self.static: dict[str, str] = {}
         for p in self.weight:
             pb = problem.params[p]
             sp = pb.spaces()
             if len(sp) == 1 and len(pb.axes) == 1 and all(len(seg.factors) == 1 for seg in pb.axes[0].segments):
-                self.static[p] = next(iter(sp))
+                numel = math.prod(pb.shape)
+                if all(seg.size * seg.size <= numel // pb.shape[pb.axes[0].axis] * seg.size for seg in pb.axes[0].segments):
+                    self.static[p] = next(iter(sp))
         self.static_terms: dict[Incidence, StatTerm] = {}
         with ctx.timer("stats"):
             for p, s in self.static.items():
@@ -190,7 +199,7 @@ class _Engine:
                     w = self.weight[p]
                     self.static_terms[inc] = StatTerm(
                         inc.factor.path, inc.factor.variance, w * (a @ b.mT),
-                        (lambda b=b, w=w: w * (b @ b.mT)), w * a.square().sum(-1), b_sq=w * b.square().sum(),
+                        (lambda b=b, w=w: w * (b @ b.mT)), w * _row_norms_sq(a), b_sq=w * torch.linalg.vector_norm(b).square(),
                         gram_a=(lambda a=a, w=w: w * (a @ a.mT)))
 
         self.cur: dict[str, torch.Tensor] = {}
