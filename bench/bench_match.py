@@ -232,7 +232,8 @@ def _print_table(results: list[dict[str, Any]], scaling: dict[str, Any] | None) 
         print(f"cost vs layers ({scaling['rounds']} rounds, GPT-2 width, independent pair): "
               + ", ".join(f"{p['layers']}: {p['seconds_per_round']:.2f} s/round" for p in scaling["points"]))
         fit = scaling["fit"]
-        print(f"  fit: {fit['intercept']:.2f} s + {fit['slope_per_layer']:.2f} s/layer per round (R^2 {fit['r2']:.3f})")
+        if fit:
+            print(f"  fit: {fit['intercept']:.2f} s + {fit['slope_per_layer']:.2f} s/layer per round (R^2 {fit['r2']:.3f})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,13 @@ objective stops improving. The engine knows no architecture:
 - spaces that share no parameter do not interact; they form one colour class of the
   schedule, and the class order puts the most connected spaces first (the residual
   stream before the heads and units that hang off it);
+- two spaces acting back to back whose kinds register a joint solver (a permutation and
+  the scaling right before it) are solved as one;
+- the first round starts greedily (each space from the parameters whose other spaces
+  are already solved), and is redone plainly should it end above the start;
 - a new element is kept only if the objective over the space's parameters does not
-  increase, so the reported objective is monotone by construction.
+  increase, so the reported objective is monotone by construction;
+- one assignment runs while the next space's statistics are computed.
 """
 
 from __future__ import annotations
