@@ -315,6 +315,40 @@ class _Models:
         self.refresh()
 
 
+class _Walk:
+    """One space's elements, sample after sample, in place: g_1, then g_2 g_1^-1, ...
+
+    Each step is a single action instead of an undo and an apply; spaces bound with
+    |rho| anywhere are walked by undo and apply, since |rho| is not a representation.
+    """
+
+    def __init__(self, problem: Problem, mover: _InPlace, models: _Models, names: Sequence[str]) -> None:
+        self.problem = problem
+        self.mover = mover
+        self.models = models
+        self.direct = not any(mover.has_abs(problem.params[p], set(names)) for i in names for p in problem.params_of(i))
+        self.current: dict[str, Element] = {}
+        self.token: Any = None
+
+    def to(self, target: dict[str, Element]) -> None:
+        if self.current and self.direct:
+            g = self.problem.spaces
+            step = {i: g[i].group.compose(target[i], g[i].group.inverse(self.current[i])) for i in target}
+            self.models.dirty.update(self.mover.apply(step)[0])
+        else:
+            self.home()
+            self.token = self.mover.apply(target)
+            self.models.dirty.update(self.token[0])
+        self.current = target
+
+    def home(self) -> None:
+        """Back to the identity."""
+        if self.current:
+            changed = self.token[0] if self.token is not None else []
+            self.models.dirty.update(self.mover.undo(self.current, (changed, self.token[1] if not self.direct else {})))
+            self.current, self.token = {}, None
+
+
 def _shares_chain(problem: Problem, names: set[str]) -> bool:
     """Do these space instances share a factor chain (one segment) with other spaces?"""
     for p in problem.params.values():
@@ -420,47 +454,33 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
         pivot = None  # its chains mix with other spaces': 'all' must be applied at once
     drawn = [sample_elements(problem, all_insts, seed=seed * 1000 + k, cond=cond) for k in range(samples)]
     rest = [d for d in declared if d != pivot]
-    for k, elems in enumerate(drawn):
-        for d in rest:
+    for d in rest:
+        walk = _Walk(problem, mover, models, insts[d])
+        for k, elems in enumerate(drawn):
             say(f"sample {k + 1}/{samples}: {d}")
-            measure(d, {i: elems[i] for i in insts[d]})
-        if want_all and pivot is None:
+            walk.to({i: elems[i] for i in insts[d]})
+            record(d)
+        walk.home()
+    if want_all and pivot is None:
+        for k, elems in enumerate(drawn):
             say(f"sample {k + 1}/{samples}: all spaces together")
             measure("all", elems if len(declared) > 1 else sample_elements(problem, all_insts, seed=seed * 1000 + 500 + k, cond=cond))
-    pending: tuple[dict[str, Element], Any] | None = None
-    if pivot is not None:
-        chain = not any(mover.has_abs(problem.params[p], set(insts[pivot])) for i in insts[pivot] for p in problem.params_of(i))
-        current: dict[str, Element] = {}
-        token: Any = None
+    pivot_walk = _Walk(problem, mover, models, insts[pivot]) if pivot is not None else None
+    if pivot_walk is not None:
         for k, elems in enumerate(drawn):
             say(f"sample {k + 1}/{samples}: {pivot}, then all spaces together")
-            target = {i: elems[i] for i in insts[pivot]}
-            if current and chain:
-                step = {i: problem.spaces[i].group.compose(target[i], problem.spaces[i].group.inverse(current[i])) for i in target}
-                models.dirty.update(mover.apply(step)[0])
-            else:
-                if current:
-                    models.dirty.update(mover.undo(current, token))
-                token = mover.apply(target)
-                models.dirty.update(token[0])
-            current = target
+            pivot_walk.to({i: elems[i] for i in insts[pivot]})
             record(pivot)
             measure("all", {i: elems[i] for d in rest for i in insts[d]})
         # the last element stays applied unless a failure must be located below
-        pending = (current, token if not chain else (token[0], {}))
-
-    def at_identity() -> None:
-        nonlocal pending
-        if pending is not None:
-            models.dirty.update(mover.undo(*pending))
-            pending = None
 
     for d in declared:
         label = d if len(insts[d]) == 1 and problem.spaces[insts[d][0]].index is None else f"{d}[*]"
         groups = sorted({str(problem.spaces[i].group) for i in insts[d]})
         rows = [CheckRow(label, " | ".join(groups), dt, samples, *worst[d][dt], tol[dt]) for dt in dtypes]
         if len(insts[d]) > 1 and not all(r.passed for r in rows):
-            at_identity()
+            if pivot_walk is not None:
+                pivot_walk.home()
             failing = []
             for inst in insts[d]:
                 say(f"locating the failure: {inst}")

@@ -53,8 +53,9 @@ def test_builtin_spec_preserves_its_family_in_float64_and_float32(name: str) -> 
         assert (s.name, "float64") in rows and (s.name, "float32") in rows
     assert max(r.max_rel for r in report.rows if r.dtype == "float64") < 1e-12
     assert max(r.max_rel for r in report.rows if r.dtype == "float32") < 1e-5
-    # the symmetries really moved the weights (a check of the identity would pass too)
-    assert all(r.max_abs > 0 for r in report.rows if r.dtype == "float64" and r.space != "canonicalize")
+    # the symmetries really moved the weights (a check of the identity would pass too);
+    # a global sign flip is exact in floating point, so its rows may show exactly 0
+    assert all(r.max_abs > 0 for r in report.rows if r.dtype == "float64" and r.space != "canonicalize" and not r.group.startswith("Sign("))
 
 
 # -- too-large groups are caught, per family --------------------------------------------------
