@@ -100,7 +100,7 @@ def _floor(result: Any, config: dict[str, int]) -> dict[str, float]:
     """Seconds of the kernels of one round, on the converged pair's matrices."""
     import numpy as np
     import torch
-    from scipy.optimize import linear_sum_assignment
+    from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
 
     from symspec.groups import centred_basis
 
@@ -276,10 +276,11 @@ def main(argv: list[str] | None = None) -> int:
         if full12 is not None and 12 not in layers:
             ok.append({"layers": 12, "seconds_per_round": full12["seconds_per_round"], "note": "from the gpt2-small case"})
         scaling = {"rounds": 2, "points": ok, "fit": _fit([p["layers"] for p in ok], [p["seconds_per_round"] for p in ok]) if len(ok) > 1 else {}}
-    report = {
+    machine: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    report: dict[str, Any] = {
         "benchmark": "weight matching (symspec.match.weight_match)",
         "command": "python bench/bench_match.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine,
         "targets": {"gpt2-small full 5 rounds seconds": 60, "peak x two models": 3},
         "results": results,
         "scaling": scaling,
@@ -287,10 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        report["machine"]["torch"] = torch.__version__
-        report["machine"]["threads"] = torch.get_num_threads()
+        machine["torch"] = str(torch.__version__)
+        machine["threads"] = torch.get_num_threads()
         if args.device.startswith("cuda") and torch.cuda.is_available():
-            report["machine"]["gpu"] = torch.cuda.get_device_name(0)
+            machine["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
         pass
     out = Path(args.out)

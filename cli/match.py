@@ -181,7 +181,7 @@ def _load_pair(a: str, b: str, factory: str | None, spec_arg: str | None, progre
 
 
 def _summary(command: str, a: str, b: str, out: Path, files: list[str], result: Any, extra: dict[str, Any]) -> dict[str, Any]:
-    data = {"command": command, "a": a, "b": b, "out": str(out), "files": files}
+    data: dict[str, Any] = {"command": command, "a": a, "b": b, "out": str(out), "files": files}
     if result is not None:
         data.update(result.summary())
         data["distance"] = {"canonical": result.distance("canonical"), "aligned": result.distance("aligned")}

@@ -174,8 +174,8 @@ class TransformRecord:
             with safe_open(str(p), framework="pt") as f:
                 meta = f.metadata() or {}
                 tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
-        except Exception as e:
-            raise RecordError(f"{p}: not a readable safetensors file: {e}") from e
+        except Exception as err:
+            raise RecordError(f"{p}: not a readable safetensors file: {err}") from err
         if "symspec" in meta:
             index = json.loads(meta["symspec"])
         else:
@@ -196,8 +196,8 @@ class TransformRecord:
                 searched[s] = entry["searched"]
             try:
                 elements[s] = {k: tensors[f"{s}/{k}"] for k in entry["fields"]}
-            except KeyError as e:
-                raise RecordError(f"{p}: space {s} lacks field {e}") from None
+            except KeyError as missing:
+                raise RecordError(f"{p}: space {s} lacks field {missing}") from None
         rec = cls(index["spec"], groups, elements, list(index.get("canonicalization", [])), searched,
                   dict(index.get("meta", {})), bool(index.get("inverted", False)))
         for s, e in rec.elements.items():

@@ -407,7 +407,7 @@ def unstack_element(e: Element, count: int) -> list[Element]:
 def solve_stacked(group: Group, problems: list[tuple[list[Term], Element]], ctx: SolveContext) -> list[Element]:
     """Solve independent problems of one group in one call (same term layout required)."""
     entry = solver_for(group)
-    terms = [StackTerm([ts[i] for ts, _ in problems]) for i in range(len(problems[0][0]))]
+    terms: list[Term] = [StackTerm([ts[i] for ts, _ in problems]) for i in range(len(problems[0][0]))]
     current = stack_elements([e for _, e in problems])
     return unstack_element(entry.solve(group, terms, current, ctx), len(problems))
 

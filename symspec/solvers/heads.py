@@ -73,26 +73,32 @@ def head_similarity(group: Heads, terms: list[Term]) -> tuple[torch.Tensor, torc
                 else:
                     sq = tr if sq is None else sq + tr
             continue
-        blocks = {"co": None, "contra": None}
-        grams = {"co": None, "contra": None}
+        blocks: dict[str, torch.Tensor | None] = {"co": None, "contra": None}
+        grams: dict[str, torch.Tensor | None] = {"co": None, "contra": None}
         for t, kv_view in pts:
             var = "co" if within.is_orthogonal() else t.variance
             b = _blocks(t.cross(), k if kv_view else h, dh)
             b = _to_query(b, k, gs) if kv_view else b
-            blocks[var] = b if blocks[var] is None else blocks[var] + b
+            prev = blocks[var]
+            blocks[var] = b if prev is None else prev + b
         if blocks["co"] is not None and blocks["contra"] is not None:
-            part = (blocks["co"] * blocks["contra"]).sum((-1, -2))
+            part = (blocks["co"] * blocks["contra"]).sum((-1, -2))  # type: ignore[operator]
         elif within.is_orthogonal():
-            part = torch.linalg.matrix_norm(blocks["co"].to(torch.float64), ord="nuc").to(ref.dtype)  # type: ignore[union-attr]
+            co_blocks = blocks["co"]
+            assert co_blocks is not None
+            part = torch.linalg.matrix_norm(co_blocks.to(torch.float64), ord="nuc").to(ref.dtype)
         else:
             var = "co" if blocks["co"] is not None else "contra"
             for t, kv_view in pts:
                 g = t.gram_blocks(dh)
                 g = g[None].expand(k, *g.shape) if kv_view else g[None].expand(h, *g.shape)
                 g = _to_query(g, k, gs) if kv_view else g
-                grams[var] = g if grams[var] is None else grams[var] + g
-            c = blocks[var].to(torch.float64)  # type: ignore[union-attr]
-            g = grams[var].to(torch.float64)  # type: ignore[union-attr]
+                prev_g = grams[var]
+                grams[var] = g if prev_g is None else prev_g + g
+            c_blocks, g_blocks = blocks[var], grams[var]
+            assert c_blocks is not None and g_blocks is not None
+            c = c_blocks.to(torch.float64)
+            g = g_blocks.to(torch.float64)
             lam = torch.diagonal(g, dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300) * 1e-12
             sol = torch.linalg.solve(g + lam[..., None, None] * torch.eye(dh, dtype=g.dtype, device=g.device), c.mT)
             part = (c * sol.mT).sum((-1, -2)).to(ref.dtype)

@@ -379,7 +379,7 @@ def solve_rope(group: Group, terms: list[Term], current: Element, ctx: SolveCont
 
         rest = current["rest"]
         m = n - group.rot
-        h = _gram_a(terms, "contra", n) if co is not None and ct is not None else None
-        x = minimize_gl(sub(co), sub(ct), rest.to(torch.float64).reshape(-1, m, m), ctx, None if h is None else h[:, sl, sl])
+        h_ct = _gram_a(terms, "contra", n) if co is not None and ct is not None else None
+        x = minimize_gl(sub(co), sub(ct), rest.to(torch.float64).reshape(-1, m, m), ctx, None if h_ct is None else h_ct[:, sl, sl])
         out["rest"] = x.reshape(rest.shape).to(rest.dtype)
     return out

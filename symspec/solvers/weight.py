@@ -146,6 +146,10 @@ def sqdist(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 22) -> float:
     return total
 
 
+def _weighted_gram(x: torch.Tensor, w: float) -> torch.Tensor:
+    return w * (x @ x.mT)
+
+
 def _row_norms_sq(x: torch.Tensor) -> torch.Tensor:
     """sum of squares per row, without a temporary the size of ``x`` (an embedding's)."""
     return torch.linalg.vector_norm(x, dim=-1).square()
@@ -204,8 +208,8 @@ class _Engine:
                     w = self.weight[p]
                     self.static_terms[inc] = StatTerm(
                         inc.factor.path, inc.factor.variance, w * (a @ b.mT),
-                        (lambda b=b, w=w: w * (b @ b.mT)), w * _row_norms_sq(a), b_sq=w * torch.linalg.vector_norm(b).square(),
-                        gram_a=(lambda a=a, w=w: w * (a @ a.mT)))
+                        functools.partial(_weighted_gram, b, w), w * _row_norms_sq(a),
+                        b_sq=w * torch.linalg.vector_norm(b).square(), gram_a=functools.partial(_weighted_gram, a, w))
 
         self.cur: dict[str, torch.Tensor] = {}
         self.obj: dict[str, float] = {}
@@ -334,7 +338,7 @@ class _Engine:
             e = elements[s]
             f = group.matrix(e, t.path, t.variance).to(t.cross().dtype)  # type: ignore[arg-type]
             val = t.a_sq().sum() - 2 * (f * t.cross()).sum()
-            if group.is_orthogonal(t.path) and t.variance != "abs":
+            if group.is_orthogonal(t.path) and t.variance != "abs" and t.b_sq is not None:
                 val = val + t.b_sq
             else:
                 val = val + ((f @ t.gram()) * f).sum()
