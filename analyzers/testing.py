@@ -37,7 +37,7 @@ def planted_pair(model: torch.nn.Module, spec: Any, *, seed: int = 0, spaces: Se
                  cond: float = 10.0) -> Planted:
     """B = g·A for a random g (seeded; all spaces of ``spec`` unless ``spaces``), in float64
     and cast back to the model's dtype. ``spec``: a Spec, a spec path or a built-in name."""
-    from symspec.bind import bind
+    from symspec.binding import bind
     from symspec.spec import load_spec
     from symspec.spec.model import Spec
     from symspec.transforms import (

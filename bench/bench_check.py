@@ -75,7 +75,7 @@ def measure(case: str, dtypes: list[str], samples: int) -> dict[str, Any]:
     import torch
 
     import symspec
-    from symspec.check import check
+    from symspec.checker import check
 
     model, inputs = _build(case)
     n_params = sum(p.numel() for p in model.parameters())
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if g:
         targets["gpt2-small:float64"]["met"] = bool(g["wall_s"] < 30 and g["x_model"] < 4)
     result = {
-        "benchmark": "symspec check (symspec.check.check)",
+        "benchmark": "symspec check (symspec.checker.check)",
         "command": "python bench/bench_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "targets": targets,

@@ -70,7 +70,7 @@ def _reset_peak() -> None:
 def _build_pair(config: dict[str, int], pair: str) -> tuple[Any, Any]:
     import torch
 
-    from symspec.bind import bind
+    from symspec.binding import bind
     from symspec.loading import import_file
     from symspec.spec import load_spec
     from symspec.transforms import apply_elements, canonicalize_model, sample_elements

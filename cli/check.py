@@ -53,7 +53,7 @@ def check_cmd(model_file: str, spec_arg: str | None, samples: int, seed: int, dt
     float64 and float32. Exit 0 when every row passes, 1 when any fails, 2 for bad
     input.
     """
-    from symspec.check import check
+    from symspec.checker import check
     from symspec.loading import load_model
 
     dts = [d.strip() for d in dtypes.split(",") if d.strip()]

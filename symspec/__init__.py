@@ -24,11 +24,15 @@ _EXPORTS = {
     "loads_spec": "symspec.spec.load",
     "dump_spec": "symspec.spec.load",
     "Spec": "symspec.spec.model",
-    "bind": "symspec.bind",
-    "BoundSpec": "symspec.bind",
+    "bind": "symspec.binding",
+    "BoundSpec": "symspec.binding",
     "Problem": "symspec.problem",
-    "check": "symspec.check",
-    "CheckReport": "symspec.check",
+    "check": "symspec.checker",
+    "CheckReport": "symspec.checker",
+    "weight_match": "symspec.match",
+    "MatchResult": "symspec.match",
+    "universe_match": "symspec.universe",
+    "UniverseResult": "symspec.universe",
     "apply_elements": "symspec.transforms",
     "sample_elements": "symspec.transforms",
     "canonicalize_model": "symspec.transforms",
@@ -40,13 +44,20 @@ _EXPORTS = {
     "BindError": "symspec.errors",
 }
 
+# Function names never collide with module names (``symspec.check`` is the function,
+# ``symspec.checker`` its module; ``symspec.bind`` / ``symspec.binding``): importing a
+# submodule sets it as an attribute of the package, which would shadow a function
+# exported under the same name.
+_SUBMODULES = ("groups", "spec", "testing", "transforms", "graph", "problem", "errors", "loading",
+               "binding", "checker", "match", "universe", "record", "solvers", "analyzers")
+
 __all__ = [*sorted(_EXPORTS), "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     target = _EXPORTS.get(name)
     if target is None:
-        if name in ("groups", "spec", "testing", "transforms", "graph", "problem", "errors", "loading"):
+        if name in _SUBMODULES:
             return importlib.import_module(f"symspec.{name}")
         raise AttributeError(f"module 'symspec' has no attribute '{name}'")
     module, attr = target if isinstance(target, tuple) else (target, name)

@@ -213,7 +213,7 @@ def load_state_dict_into(model: torch.nn.Module, sd: Mapping[str, torch.Tensor],
     built model ties (one Parameter): those names are untied before loading, so that
     neither value is silently lost.
     """
-    from .bind import named_tensors
+    from .binding import named_tensors
 
     _, ties = named_tensors(model)
     for group in ties:

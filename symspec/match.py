@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import torch
 
-from .bind import BoundSpec, bind
+from .binding import BoundSpec, bind
 from .errors import SymspecInputError
 from .groups import Element
 from .record import TransformRecord

@@ -106,7 +106,7 @@ class TransformRecord:
     def apply(self, bound: Any, state_dict: Mapping[str, torch.Tensor], *, canonicalize: bool | None = None) -> dict[str, torch.Tensor]:
         """Act on ``state_dict`` (a new dict; the input is not modified).
 
-        ``bound``: the :class:`~symspec.bind.BoundSpec` of the model (or, with
+        ``bound``: the :class:`~symspec.binding.BoundSpec` of the model (or, with
         ``canonicalize=False``, its Problem). ``canonicalize`` defaults to True for a
         forward record and False for an inverted one.
         """

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .check import CheckReport, check
+from .checker import CheckReport, check
 from .spec.load import load_spec
 from .spec.model import Spec
 

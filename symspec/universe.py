@@ -426,7 +426,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
         raise UniverseError(f"start must name one of the {len(entries)} models, got {start}")
 
     # -- the reference: bound, canonical form ----------------------------------------
-    from .bind import BoundSpec, bind
+    from .binding import BoundSpec, bind
     from .solvers import parse_restriction, restrict_problem
     from .transforms import canonicalize_model, canonicalize_state_dict
 

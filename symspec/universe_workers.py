@@ -55,7 +55,7 @@ class UniverseError(SymspecInputError):
 class RunConfig:
     """What every task of a run needs besides its own files (pickled once per run)."""
 
-    bound: Any  # symspec.bind.BoundSpec of the reference model
+    bound: Any  # symspec.binding.BoundSpec of the reference model
     modes: dict[str, str]  # space -> "full" | "perm" | "fixed"
     #: the reference's canonical state: name -> (shape, dtype, floating)
     signature: dict[str, tuple[tuple[int, ...], str, bool]]
@@ -267,7 +267,7 @@ def prepare_state(cfg: RunConfig, name: str, state: Mapping[str, torch.Tensor], 
 
 
 def prepare(task: Task, cfg: RunConfig, searched: Any) -> Result:
-    from .bind import bind
+    from .binding import bind
     from .loading import load_model
 
     try:

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import symspec
-from symspec.bind import bind
-from symspec.check import canonicalize_inplace, check, copy_as
+from symspec.binding import bind
+from symspec.checker import canonicalize_inplace, check, copy_as
 from symspec.errors import BindError
 from symspec.spec import loads_spec
 from symspec.spec.builtin import builtin_names

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import symspec
-from symspec.bind import bind
-from symspec.check import check
+from symspec.binding import bind
+from symspec.checker import check
 from symspec.graph import trace
 from symspec.spec import loads_spec
 from symspec.testing import assert_invariant

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from symspec.bind import bind
-from symspec.check import check
+from symspec.binding import bind
+from symspec.checker import check
 from symspec.errors import BindError, SpecError
 from symspec.loading import import_file
 from symspec.spec import loads_spec

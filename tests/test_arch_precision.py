@@ -93,7 +93,7 @@ spaces:
 params:
   "{{p}}": invariant
 """
-    from symspec.bind import bind
+    from symspec.binding import bind
 
     spec = loads_spec(base.format(expr='attr("blocks.0.attn.num_heads")').replace('"{p}"', "'{x}'"), "t.yaml")
     assert spec.dims[0].expr == 'attr("blocks.0.attn.num_heads")'

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import symspec
-from symspec.bind import bind, fill, template_regex
+from symspec.binding import bind, fill, template_regex
 from symspec.errors import BindError
 from symspec.spec import loads_spec
 from symspec.transforms import apply_elements, sample_elements

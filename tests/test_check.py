@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import symspec
-from symspec.bind import bind
-from symspec.check import check
+from symspec.binding import bind
+from symspec.checker import check
 from symspec.spec import loads_spec
 from symspec.testing import assert_invariant, assert_not_invariant
 from symspec.transforms import apply_elements, canonicalize_model, sample_elements

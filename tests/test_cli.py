@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from symspec.cli.main import cli
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import symspec
-from symspec.bind import bind
-from symspec.check import check
+from symspec.binding import bind
+from symspec.checker import check
 from symspec.errors import ModelLoadError
 from symspec.loading import load_model, save_model
 from symspec.transforms import apply_elements, canonicalize_model, sample_elements

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import symspec
-from symspec.check import check
+from symspec.checker import check
 from symspec.spec import loads_spec
 from symspec.spec.builtin import builtin_path
 from symspec.testing import randomize_

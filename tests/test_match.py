@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import symspec
-from symspec.bind import bind
+from symspec.binding import bind
 from symspec.errors import SymspecInputError
 from symspec.match import interpolate_state_dicts, weight_distance, weight_match
 from symspec.spec import builtin_names, loads_spec

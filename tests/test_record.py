@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import symspec
-from symspec.bind import bind
+from symspec.binding import bind
 from symspec.match import weight_match
 from symspec.record import INDEX, TENSORS, RecordError, TransformRecord
 from symspec.transforms import apply_elements, canonicalize_state_dict, sample_elements

@@ -25,7 +25,7 @@ from symspec.analyzers.simplex import (
     simplex_surface,
 )
 from symspec.analyzers.testing import fit
-from symspec.bind import bind
+from symspec.binding import bind
 from symspec.errors import SymspecInputError
 from symspec.spec import load_spec
 from symspec.transforms import apply_elements, canonicalize_model, sample_elements

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from symspec.bind import bind
+from symspec.binding import bind
 from symspec.match import weight_match
 from symspec.spec import load_spec
 from symspec.transforms import apply_elements, canonicalize_state_dict, sample_elements

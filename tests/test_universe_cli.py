@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from symspec.analyzers.data import load_data
 from symspec.analyzers.interpolate import PathEvaluator
 from symspec.analyzers.testing import fit
-from symspec.bind import bind
+from symspec.binding import bind
 from symspec.cli.main import cli
 from symspec.loading import load_model
 from symspec.record import TransformRecord

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from ..bind import BoundSpec, CanonOp
+from ..binding import BoundSpec, CanonOp
 from ..errors import SymspecInputError
 
 

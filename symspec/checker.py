@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import torch
 
-from .bind import BoundSpec, CanonOp, bind
+from .binding import BoundSpec, CanonOp, bind
 from .groups import Element
 from .precision import KeepFloat64
 from .problem import ParamBinding, Problem
