@@ -16,6 +16,7 @@ reduced in the cheaper order.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -270,11 +271,14 @@ def _sum(xs: Any) -> torch.Tensor:
 
 
 class Timer:
-    """Wall-clock seconds per phase, accumulated (``with timer("assign"): ...``)."""
+    """Wall-clock seconds per phase, accumulated (``with timer("assign"): ...``). Phases
+    that run in several threads at once (assignments beside the next space's statistics)
+    add up their own seconds, so the phases can sum to more than the wall time."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self._lock = threading.Lock()
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
@@ -282,8 +286,9 @@ class Timer:
         try:
             yield
         finally:
-            self.seconds[phase] += time.perf_counter() - t0
-            self.calls[phase] += 1
+            with self._lock:
+                self.seconds[phase] += time.perf_counter() - t0
+                self.calls[phase] += 1
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.seconds)
@@ -318,6 +323,9 @@ class SolveContext:
     rtol: float = 1e-6
     #: CPU threads for the solvers' own linear algebra (0: leave torch's setting)
     threads: int = 1
+    #: linear assignments of one schedule class solved at once, in threads (scipy's
+    #: releases the GIL), beside the next space's statistics
+    lap_workers: int = 2
 
 
 # ---------------------------------------------------------------------------------------

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -445,23 +445,42 @@ class _Engine:
                         changed.append(s)
                     on_done(s)
                 continue
-            # One space at a time (assignments run on the CPU, one at a time): the next
-            # space's statistics (large products, threaded) are computed in the
-            # background while this one's assignment runs. Spaces of a class share no
-            # parameter, so the two never touch the same tensors.
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                nxt = pool.submit(self._prepare, names[0], trusted) if names else None
-                for i, s in enumerate(names):
-                    assert nxt is not None
-                    terms = nxt.result()
-                    nxt = pool.submit(self._prepare, names[i + 1], trusted) if i + 1 < len(names) else None
-                    if terms:
-                        with timer(f"solve:{group.kind}"):
-                            new = entry.solve(group, terms, self.elements[s], self.ctx)
-                        del terms
-                        if self.accept({s: new}, force=trusted is not None):
-                            changed.append(s)
-                    on_done(s)
+            changed += self._solve_pipelined(group, names, on_done, trusted)
+        return changed
+
+    def _solve_pipelined(self, group: Any, names: list[str], on_done: Callable[[str], None],
+                         trusted: set[str] | None) -> list[str]:
+        """Spaces of one class and group, one at a time: statistics on this thread (large
+        products, threaded by torch), solves in a pool of ``lap_workers`` threads
+        (scipy's assignments release the GIL), so the next space's statistics are
+        computed while up to ``lap_workers`` assignments run. Spaces of a class share no
+        parameter, so none of this touches the same tensors; solutions are accepted
+        here, in order, and at most ``lap_workers`` spaces' statistics wait at once
+        (memory stays bounded)."""
+        entry = solver_for(group)
+        timer = self.ctx.timer
+        workers = max(1, self.ctx.lap_workers)
+        changed: list[str] = []
+        pending: deque[tuple[str, Future[Element] | None]] = deque()
+
+        def run(terms: list[Term], current: Element) -> Element:
+            with timer(f"solve:{group.kind}"):
+                return entry.solve(group, terms, current, self.ctx)
+
+        def settle(limit: int) -> None:
+            while len(pending) > limit:
+                s, fut = pending.popleft()
+                if fut is not None and self.accept({s: fut.result()}, force=trusted is not None):
+                    changed.append(s)
+                on_done(s)
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for s in names:
+                terms = self._prepare(s, trusted)
+                pending.append((s, pool.submit(run, terms, self.elements[s]) if terms else None))
+                del terms
+                settle(workers)
+            settle(0)
         return changed
 
     def _prepare(self, s: str, trusted: set[str] | None) -> list[Term]:
@@ -538,14 +557,15 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
                   rounds: int = 10, tol: float = 1e-6, device: str | torch.device = "cpu",
                   dtype: torch.dtype | None = None, init: Mapping[str, Element] | None = None,
                   progress: Progress | None = None, max_iter: int = 5, greedy_start: bool = True,
-                  timer: Timer | None = None, own_b: bool = False) -> WeightMatchingResult:
+                  timer: Timer | None = None, own_b: bool = False, lap_workers: int = 2) -> WeightMatchingResult:
     """Coordinate descent for ``min_g sum_P ||A_P - g.B_P||^2`` (both in canonical form).
 
     ``rounds``: at most this many rounds; stop earlier once a round improves the
     objective by less than ``tol`` (relative). ``greedy_start``: the first round solves
     each space from the parameters whose other spaces are already solved (kept only if
     that round ends below the starting objective). ``max_iter``: Gauss-Newton steps per
-    GL solve. Spaces whose group is ``Id`` are not searched. Elements come back in
+    GL solve. ``lap_workers``: assignments of one schedule class solved at once (threads).
+    Spaces whose group is ``Id`` are not searched. Elements come back in
     ``problem``'s groups, on ``device``.
 
     ``own_b``: ``sd_b`` is a dict the solver may take tensors out of: B's bound tensors
@@ -560,7 +580,10 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
         raise SymspecInputError(f"parameter(s) missing from a state dict: {', '.join(missing[:5])}")
     ref = next((sd_a[p] for p in problem.params), None)
     dt = dtype or (ref.dtype if ref is not None and ref.is_floating_point() else torch.float64)
-    ctx = SolveContext(device=torch.device(device), dtype=dt, timer=timer or Timer(), max_iter=max_iter)
+    if lap_workers < 1:
+        raise SymspecInputError(f"lap_workers must be >= 1, got {lap_workers}")
+    ctx = SolveContext(device=torch.device(device), dtype=dt, timer=timer or Timer(), max_iter=max_iter,
+                       lap_workers=lap_workers)
     engine = _Engine(problem, sd_a, sd_b, ctx, init, own_b=own_b)
     searched = [s for s, si in problem.spaces.items() if not isinstance(si.group, Id) and engine.incidences[s]]
     engine.pairs = {s: t for s, t in engine.pairs.items() if s in searched and t in searched}
