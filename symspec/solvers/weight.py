@@ -19,7 +19,8 @@ objective stops improving. The engine knows no architecture:
   are already solved), and is redone plainly should it end above the start;
 - a new element is kept only if the objective over the space's parameters does not
   increase, so the reported objective is monotone by construction;
-- one assignment runs while the next space's statistics are computed.
+- assignments run in threads (``lap_workers`` at once) while the next space's
+  statistics are computed.
 """
 
 from __future__ import annotations
