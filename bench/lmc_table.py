@@ -19,7 +19,10 @@ time): ``python bench/lmc_table.py --readme``. Smoke test: ``python bench/lmc_ta
 Methods are the analyzers' registered aligners (``symspec.analyzers.barrier.ALIGNERS``):
 vanilla averaging, weight matching with permutations only, weight matching with the
 full groups, and whatever else is registered when the benchmark runs; ``--methods``
-picks some.
+picks some. The ablation ``weight-perm-resid-fixed`` (permutations of heads and units,
+the residual stream left as it is) runs only when named:
+``python bench/lmc_table.py --tasks vit --methods none,weight-perm,weight-perm-resid-fixed,weight
+--out bench/results/lmc_ablation.json --results bench/results/ablation``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import argparse
 import json
 import math
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -45,6 +49,7 @@ from symspec.analyzers.barrier import (  # noqa: E402
     ALIGNERS,
     LABELS,
     PairResult,
+    align_weight,
     mean_stderr,
     measure,
     register_aligner,
@@ -55,6 +60,17 @@ from symspec.io_util import atomic_write_text  # noqa: E402
 from symspec.universe import align_universe, universe_match  # noqa: E402
 
 register_aligner("universe", align_universe, "universe matching")
+
+
+def align_perm_resid_fixed(model_a: torch.nn.Module, model_b: torch.nn.Module, **kw: Any) -> Any:
+    """An ablation (both task specs name their residual stream ``resid``): permutations of
+    heads and units only, the residual stream left as it is."""
+    return align_weight(model_a, model_b, **{**kw, "groups": "perm,resid=fixed"})
+
+
+register_aligner("weight-perm-resid-fixed", align_perm_resid_fixed, "permutations only, residual fixed")
+#: methods run only when asked for with --methods
+ABLATIONS = ("weight-perm-resid-fixed",)
 
 RESULTS = ROOT / "bench" / "results"
 #: table order; methods registered later come after these
@@ -149,16 +165,19 @@ def _pair(r: PairResult) -> dict[str, Any]:
 
 def markdown(runs: list[dict[str, Any]], command: str) -> str:
     labels = [run["label"] for run in runs]
-    found = list(dict.fromkeys(m for run in runs for m in run["results"]))
+    found = list(dict.fromkeys(r["method"] for run in runs for r in run["rows"]))
     methods = [m for m in ORDER if m in found] + [m for m in found if m not in ORDER]
-    lines = ["| method | " + " | ".join(f"{lab} barrier" for lab in labels) + " | " + " | ".join(f"{lab} matching time" for lab in labels) + " |",
-             "|---|" + "---:|" * (2 * len(labels))]
+    head = [f"{lab} {kind}" for lab in labels for kind in ("loss barrier", "accuracy barrier")]
+    lines = ["| method | " + " | ".join(head) + " | " + " | ".join(f"{lab} matching time" for lab in labels) + " |",
+             "|---|" + "---:|" * (3 * len(labels))]
     by_task = {run["label"]: {r["method"]: r for r in run["rows"]} for run in runs}
     for m in methods:
         cells, times = [], []
         for lab in labels:
             r = by_task[lab].get(m)
             cells.append(_pm(r["barrier_mean"], r["barrier_stderr"]) if r else "n/a")
+            acc = r.get("accuracy_barrier_mean") if r else None
+            cells.append(_pm(acc, r.get("accuracy_barrier_stderr"), 3) if r and acc is not None else "n/a")
             times.append(f"{r['align_seconds_mean']:.2f} s" if r and m != "none" else "–")
         lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + " | " + " | ".join(times) + " |")
     lines.append("")
@@ -171,17 +190,21 @@ def markdown(runs: list[dict[str, Any]], command: str) -> str:
     merges = [run for run in runs if run.get("merge")]
     if merges:
         lines.append("")
-        lines.append("| task | all models merged into one | endpoints' test loss | plain averaging | universe matching | universe matching time |")
+        lines.append("| task | all models merged into one | endpoints' test loss / accuracy | plain averaging | universe matching | universe matching time |")
         lines.append("|---|---:|---:|---:|---:|---:|")
         for run in merges:
             mg = run["merge"]
-            lm, ls = mean_stderr([e["test_loss"] for e in run["endpoints"]])
-            lines.append(f"| {run['label']} | {mg['models']} | {_pm(lm, ls, 3)} | {mg['plain_loss']:.3f} | "
-                         f"{mg['universe_loss']:.3f} | {mg['universe_seconds']:.1f} s |")
+            lm, _ = mean_stderr([e["test_loss"] for e in run["endpoints"]])
+            am, _ = mean_stderr([e["test_accuracy"] for e in run["endpoints"]])
+            lines.append(f"| {run['label']} | {mg['models']} | {lm:.3f} / {am:.3f} | {mg['plain_loss']:.3f} / {mg['plain_accuracy']:.3f} | "
+                         f"{mg['universe_loss']:.3f} / {mg['universe_accuracy']:.3f} | {mg['universe_seconds']:.1f} s |")
     pairs = {len(run["rows"][0]["pairs_detail"]) for run in runs}
     lines.append("")
-    lines.append(f"Loss barrier on the test split, 11 points of λ, mean ± standard error over {'/'.join(map(str, sorted(pairs)))} "
-                 f"pair(s) of independently trained models; matching time per pair on {torch.get_num_threads()} CPU thread(s). "
+    points = {len(run["rows"][0]["lambdas"]) for run in runs}
+    lines.append(f"Loss and accuracy barriers on the test split, {'/'.join(map(str, sorted(points)))} points of λ, mean ± standard error "
+                 f"over {'/'.join(map(str, sorted(pairs)))} pair(s) of independently trained models (the accuracy barrier is the "
+                 f"largest drop of accuracy below the endpoints' line); merged models as test loss / accuracy; matching time per "
+                 f"pair on {torch.get_num_threads()} CPU thread(s). "
                  f"Generated by `{command}`.")
     return "\n".join(lines) + "\n"
 
@@ -217,7 +240,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise SystemExit(f"unknown task {unknown[0]}; tasks: {', '.join(TASKS)}")
-    methods = [m.strip() for m in args.methods.split(",")] if args.methods else [m for m in ORDER if m in ALIGNERS] + [m for m in ALIGNERS if m not in ORDER]
+    methods = ([m.strip() for m in args.methods.split(",")] if args.methods else
+               [m for m in ORDER if m in ALIGNERS] + [m for m in ALIGNERS if m not in ORDER and m not in ABLATIONS])
     for m in methods:
         if m not in ALIGNERS:
             raise SystemExit(f"unknown method {m}; known: {', '.join(ALIGNERS)}")
@@ -241,7 +265,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run["plot"] = str(plot.relative_to(ROOT) if plot.is_relative_to(ROOT) else plot)
         runs.append(run)
 
-    command = "python bench/lmc_table.py" + (" --quick" if args.quick else "") + (f" --pairs {args.pairs}" if args.pairs else "")
+    # the command that made these numbers (--readme only says where the table goes)
+    given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--readme"]
+    command = shlex.join(["python", "bench/lmc_table.py", *given])
     table = markdown(runs, command)
     print()
     print(table)
