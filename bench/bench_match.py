@@ -158,7 +158,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     result = weight_match(a, b, "nanogpt", groups=case["groups"], rounds=case["rounds"], tol=0.0,
                           device=case.get("device", "cpu"), dtype=torch.float32, keep_canonical_b=False,
-                          lap_workers=case.get("lap_workers", 2))
+                          lap_workers=case.get("lap_workers", 1))
     wall = time.perf_counter() - t0
     peak_kb = _status_kb("VmHWM")
     rounds = len(result.history) - 1
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--layers", default="1,2,4,8", help="depths for the cost-vs-layers sweep ('' to skip)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--lap-workers", default="2", help="comma-separated: assignments solved at once (threads)")
+    ap.add_argument("--lap-workers", default="1", help="comma-separated: assignments solved at once (threads)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--quick", action="store_true", help="tiny and small only, no layer sweep")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "match.json"))

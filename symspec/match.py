@@ -173,7 +173,7 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
                  groups: str | Mapping[str, str] | None = None, rounds: int = 10, tol: float = 1e-6,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                  progress: Any = None, config: Any = None, max_iter: int = 5,
-                 greedy_start: bool = True, keep_canonical_b: bool = True, lap_workers: int = 2) -> MatchResult:
+                 greedy_start: bool = True, keep_canonical_b: bool = True, lap_workers: int = 1) -> MatchResult:
     """Align ``model_b`` to ``model_a`` in weight space under ``spec`` (data-free).
 
     ``model_a``/``model_b``: modules (or state dicts, with ``config`` for the spec's

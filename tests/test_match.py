@@ -260,3 +260,18 @@ def test_without_canonical_b_the_aligned_weights_are_the_same() -> None:
     assert all(torch.equal(before[k], v) for k, v in b.state_dict().items())
     with pytest.raises(SymspecInputError, match="not kept"):
         lean.interpolate(0.5, align=False)
+
+
+def test_assignments_in_threads_give_the_same_result() -> None:
+    # lap_workers > 1 solves a class's assignments concurrently; they are accepted in
+    # order, so the result is the one of lap_workers=1, bit for bit
+    a, _ = build("nanogpt", seed=0, n_layer=4, n_ff=24)
+    b, _ = build("nanogpt", seed=1, n_layer=4, n_ff=24)
+    one = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, lap_workers=1)
+    three = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, lap_workers=3)
+    assert one.history[-1] < one.history[0]
+    assert one.history == three.history
+    for p, v in one.aligned_b.items():
+        assert torch.equal(v, three.aligned_b[p]), p
+    with pytest.raises(SymspecInputError, match="lap_workers"):
+        weight_match(a, b, "nanogpt", rounds=1, lap_workers=0)

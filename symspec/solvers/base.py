@@ -324,8 +324,9 @@ class SolveContext:
     #: CPU threads for the solvers' own linear algebra (0: leave torch's setting)
     threads: int = 1
     #: linear assignments of one schedule class solved at once, in threads (scipy's
-    #: releases the GIL), beside the next space's statistics
-    lap_workers: int = 2
+    #: releases the GIL), beside the next space's statistics; more than 1 gained nothing
+    #: on 2 cores and costs memory (docs/matching.md)
+    lap_workers: int = 1
 
 
 # ---------------------------------------------------------------------------------------

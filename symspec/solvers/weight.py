@@ -19,7 +19,7 @@ objective stops improving. The engine knows no architecture:
   are already solved), and is redone plainly should it end above the start;
 - a new element is kept only if the objective over the space's parameters does not
   increase, so the reported objective is monotone by construction;
-- assignments run in threads (``lap_workers`` at once) while the next space's
+- assignments run in a thread (``lap_workers`` at once) while the next space's
   statistics are computed.
 """
 
@@ -558,7 +558,7 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
                   rounds: int = 10, tol: float = 1e-6, device: str | torch.device = "cpu",
                   dtype: torch.dtype | None = None, init: Mapping[str, Element] | None = None,
                   progress: Progress | None = None, max_iter: int = 5, greedy_start: bool = True,
-                  timer: Timer | None = None, own_b: bool = False, lap_workers: int = 2) -> WeightMatchingResult:
+                  timer: Timer | None = None, own_b: bool = False, lap_workers: int = 1) -> WeightMatchingResult:
     """Coordinate descent for ``min_g sum_P ||A_P - g.B_P||^2`` (both in canonical form).
 
     ``rounds``: at most this many rounds; stop earlier once a round improves the
