@@ -152,18 +152,7 @@ def check_finite(sd: Mapping[str, torch.Tensor], which: str) -> None:
 def check_same_problem(ba: BoundSpec, bb: BoundSpec) -> None:
     """Two bindings of one spec that must describe the same problem (same spaces, groups
     and parameter shapes)."""
-    pa, pb = ba.problem, bb.problem
-    problems = []
-    for s in sorted(set(pa.spaces) | set(pb.spaces)):
-        ga = pa.spaces[s].group if s in pa.spaces else None
-        gb = pb.spaces[s].group if s in pb.spaces else None
-        if ga != gb:
-            problems.append(f"space {s} is {ga or 'absent'} in A but {gb or 'absent'} in B")
-    for p in sorted(set(pa.params) | set(pb.params)):
-        sa = pa.params[p].shape if p in pa.params else None
-        sb = pb.params[p].shape if p in pb.params else None
-        if sa != sb:
-            problems.append(f"{p} has shape {list(sa) if sa else 'absent'} in A but {list(sb) if sb else 'absent'} in B")
+    problems = ba.problem.differences(bb.problem, "in A", "in B")
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise SymspecInputError(f"A and B do not fit one spec '{ba.spec.name}': " + "; ".join(problems[:5]) + more)

@@ -120,3 +120,20 @@ class Problem:
 
     def declared_spaces(self) -> list[str]:
         return list(dict.fromkeys(s.decl for s in self.spaces.values()))
+
+    def differences(self, other: Problem, here: str, there: str) -> list[str]:
+        """How this problem differs from ``other`` (spaces and their groups, bound
+        parameters and their shapes), one line each, e.g. ``space ff[0] is S(12) in A but
+        S(16) in B`` with ``here="in A"``, ``there="in B"``."""
+        out = []
+        for s in sorted(set(self.spaces) | set(other.spaces)):
+            mine = self.spaces[s].group if s in self.spaces else None
+            theirs = other.spaces[s].group if s in other.spaces else None
+            if mine != theirs:
+                out.append(f"space {s} is {mine or 'absent'} {here} but {theirs or 'absent'} {there}")
+        for p in sorted(set(self.params) | set(other.params)):
+            a = self.params[p].shape if p in self.params else None
+            b = other.params[p].shape if p in other.params else None
+            if a != b:
+                out.append(f"{p} has shape {list(a) if a else 'absent'} {here} but {list(b) if b else 'absent'} {there}")
+        return out

@@ -151,22 +151,6 @@ def state_signature(sd: Mapping[str, torch.Tensor]) -> dict[str, tuple[tuple[int
     return {k: (tuple(v.shape), str(v.dtype).removeprefix("torch."), bool(v.is_floating_point())) for k, v in sd.items()}
 
 
-def problem_differences(ref: Any, other: Any) -> list[str]:
-    """How two Problems (spaces with groups, bound parameters with shapes) differ."""
-    out = []
-    for s in sorted(set(ref.spaces) | set(other.spaces)):
-        ga = ref.spaces[s].group if s in ref.spaces else None
-        gb = other.spaces[s].group if s in other.spaces else None
-        if ga != gb:
-            out.append(f"space {s} is {gb or 'absent'} here but {ga or 'absent'} in the reference")
-    for p in sorted(set(ref.params) | set(other.params)):
-        sa = ref.params[p].shape if p in ref.params else None
-        sb = other.params[p].shape if p in other.params else None
-        if sa != sb:
-            out.append(f"{p} has shape {list(sb) if sb else 'absent'} here but {list(sa) if sa else 'absent'} in the reference")
-    return out
-
-
 def signature_differences(ref: Mapping[str, tuple[tuple[int, ...], str, bool]],
                           other: Mapping[str, tuple[tuple[int, ...], str, bool]]) -> list[str]:
     out = []
@@ -252,7 +236,7 @@ def prepare_state(cfg: RunConfig, name: str, state: Mapping[str, torch.Tensor], 
     from .match import check_finite
     from .transforms import canonicalize_state_dict
 
-    problems = problem_differences(cfg.bound.problem, bound.problem)
+    problems = bound.problem.differences(cfg.bound.problem, "here", "in the reference")
     if problems:
         raise architecture_error(name, cfg.reference, problems)
     check_finite(state, name)
