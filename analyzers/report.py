@@ -16,6 +16,8 @@ from typing import Any
 
 import attrs
 
+from symspec.io_util import atomic_write_bytes, json_safe
+
 from .barrier import LABELS, PairResult, Summary, summarize
 from .data import EvalData
 
@@ -89,14 +91,12 @@ class BarrierReport:
             "seconds": self.seconds,
             "notes": list(self.notes),
         }
-        return _finite(doc)
+        return json_safe(doc)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     def write_json(self, path: str | Path) -> Path:
-        from symspec.io_util import atomic_write_bytes
-
         p = Path(path)
         atomic_write_bytes(p, (self.to_json() + "\n").encode())
         return p
@@ -156,16 +156,6 @@ def _pair_dict(r: PairResult) -> dict[str, Any]:
         "align_seconds": r.align_seconds,
         "align": dict(r.align_info),
     }
-
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if isinstance(x, Mapping):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
 
 
 _NUM: dict[str, Any] = {"oneOf": [{"type": "number"}, {"enum": ["inf", "-inf", "nan"]}]}

@@ -46,6 +46,7 @@ import attrs
 import torch
 
 from .errors import SymspecInputError
+from .io_util import json_safe
 from .record import TransformRecord
 from .universe_workers import (
     RunConfig,
@@ -740,17 +741,7 @@ def build_report(result: UniverseResult, analysis: Any = None, *, seconds: float
     doc.update(result.summary())
     doc["analysis"] = analysis.to_dict() if analysis is not None else None
     doc["seconds"] = result.timings.get("total", 0.0) if seconds is None else seconds
-    return _finite(doc)
-
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if isinstance(x, Mapping):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
+    return json_safe(doc)
 
 
 def report_schema() -> dict[str, Any]:
