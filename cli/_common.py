@@ -41,6 +41,15 @@ def stderr_console() -> Any:
     return Console(stderr=True)
 
 
+def progress_bar(console: Any) -> Any:
+    """A transient rich progress bar (description, bar, done/total, elapsed time), not yet
+    started: the caller enters it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
 def stdout_console() -> Any:
     from rich.console import Console
 

@@ -8,7 +8,15 @@ from typing import Any
 
 import click
 
-from ._common import EXIT_OK, echo_json, handle_errors, resolve_spec, stderr_console, stdout_console
+from ._common import (
+    EXIT_OK,
+    echo_json,
+    handle_errors,
+    progress_bar,
+    resolve_spec,
+    stderr_console,
+    stdout_console,
+)
 
 METHODS = ("none", "weight", "weight-perm")
 
@@ -110,16 +118,7 @@ class _progress:
 
     def __enter__(self) -> Any:
         if not self.quiet:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                console=stderr_console(), transient=True)
+            self.bar = progress_bar(stderr_console())
             self.bar.__enter__()
             self.task = self.bar.add_task("evaluating", total=self.total)
 

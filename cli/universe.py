@@ -11,7 +11,15 @@ from typing import Any
 
 import click
 
-from ._common import EXIT_OK, echo_json, handle_errors, resolve_spec, stderr_console, stdout_console
+from ._common import (
+    EXIT_OK,
+    echo_json,
+    handle_errors,
+    progress_bar,
+    resolve_spec,
+    stderr_console,
+    stdout_console,
+)
 
 
 @click.command("universe")
@@ -171,16 +179,7 @@ class _Progress:
 
     def __enter__(self) -> _Progress:
         if not self.quiet:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                console=self.console, transient=True)
+            self.bar = progress_bar(self.console)
             self.bar.__enter__()
         return self
 
