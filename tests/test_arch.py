@@ -4,8 +4,6 @@ and a group that is too large is caught for every family."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -19,18 +17,9 @@ from symspec.spec import loads_spec
 from symspec.spec.builtin import builtin_names
 from symspec.testing import assert_invariant, assert_not_invariant
 from symspec.transforms import canonicalize_model
-from tests.zoo import ZOO
+from tests.zoo import ZOO, variant
 
-SPECS = Path(__file__).resolve().parent.parent / "specs"
 FAMILIES = ["gpt2", "llama", "llama_tied", "qwen2", "opt", "bert", "hf_vit", "timm_vit"]
-
-
-def variant(name: str, *replacements: tuple[str, str]) -> symspec.Spec:
-    text = (SPECS / f"{name}.yaml").read_text()
-    for old, new in replacements:
-        assert old in text, old
-        text = text.replace(old, new)
-    return loads_spec(text, f"{name}-variant.yaml")
 
 
 def failed(report: symspec.CheckReport) -> set[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,17 +14,12 @@ from symspec.binding import bind, fill, template_regex
 from symspec.errors import BindError
 from symspec.spec import loads_spec
 from symspec.transforms import apply_elements, sample_elements
-from tests.zoo import ZOO
-
-SPECS = Path(__file__).resolve().parent.parent / "specs"
+from tests.zoo import SPECS, ZOO
+from tests.zoo import variant as zoo_variant
 
 
 def variant(name: str, *replacements: tuple[str, str]) -> symspec.Spec:
-    text = (SPECS / f"{name}.yaml").read_text()
-    for old, new in replacements:
-        assert old in text, old
-        text = text.replace(old, new)
-    return loads_spec(text, f"{name}.yaml")
+    return zoo_variant(name, *replacements, filename=f"{name}.yaml")  # messages name vit.yaml
 
 
 def bind_errors(spec: symspec.Spec, model: torch.nn.Module) -> list[str]:

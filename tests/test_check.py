@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given
@@ -15,18 +13,7 @@ from symspec.checker import check
 from symspec.spec import loads_spec
 from symspec.testing import assert_invariant, assert_not_invariant
 from symspec.transforms import apply_elements, canonicalize_model, sample_elements
-from tests.zoo import ZOO, example
-
-SPECS = Path(__file__).resolve().parent.parent / "specs"
-
-
-def variant(name: str, *replacements: tuple[str, str]) -> symspec.Spec:
-    text = (SPECS / f"{name}.yaml").read_text()
-    for old, new in replacements:
-        assert old in text, old
-        text = text.replace(old, new)
-    return loads_spec(text, f"{name}-variant.yaml")
-
+from tests.zoo import SPECS, ZOO, example, variant
 
 sizes = st.fixed_dictionaries({
     "n_layer": st.integers(1, 3),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,15 +16,13 @@ import symspec
 from symspec.binding import bind
 from symspec.errors import SymspecInputError
 from symspec.match import interpolate_state_dicts, weight_distance, weight_match
-from symspec.spec import builtin_names, loads_spec
+from symspec.spec import builtin_names
 from symspec.transforms import (
     apply_elements,
     canonicalize_model,
     sample_elements,
 )
-from tests.zoo import ZOO
-
-SPECS = Path(__file__).resolve().parent.parent / "specs"
+from tests.zoo import ZOO, variant
 
 
 def build(name: str, **kw: Any) -> tuple[torch.nn.Module, Any]:
@@ -151,14 +148,6 @@ def test_inputs_are_not_modified() -> None:
 # -- wrong specs must fail recovery --------------------------------------------------------
 
 
-def _variant(name: str, *replacements: tuple[str, str]) -> symspec.Spec:
-    text = (SPECS / f"{name}.yaml").read_text()
-    for old, new in replacements:
-        assert old in text, old
-        text = text.replace(old, new)
-    return loads_spec(text, f"{name}-variant.yaml")
-
-
 @pytest.mark.parametrize(
     ("what", "replacements"),
     [
@@ -168,7 +157,7 @@ def _variant(name: str, *replacements: tuple[str, str]) -> symspec.Spec:
 )
 def test_a_wrong_spec_does_not_recover_a_planted_pair(what: str, replacements: tuple[tuple[str, str], ...]) -> None:
     a, b, _, _ = planted("nanogpt", seed=2)
-    wrong = _variant("nanogpt", *replacements)
+    wrong = variant("nanogpt", *replacements)
     res = weight_match(a, b, wrong, rounds=10)
     ref = weight_match(a, b, "nanogpt", rounds=10)
     assert ref.distance() <= 1e-12 * ref.distance("canonical")

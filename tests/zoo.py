@@ -2,7 +2,8 @@
 
 ``ZOO[spec_name]`` builds a small model with random, perturbed weights (no special
 values such as LayerNorm gains of exactly 1) and its example inputs. Every spec in
-specs/ must have an entry (tests/test_builtin_specs.py enforces it).
+specs/ must have an entry (tests/test_arch.py enforces it). ``variant`` makes a
+built-in spec with a few lines changed: the tests' way of writing a wrong spec.
 """
 
 from __future__ import annotations
@@ -15,10 +16,22 @@ from typing import Any
 import torch
 
 from symspec.loading import import_file
+from symspec.spec import Spec, loads_spec
 from symspec.testing import randomize_
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+SPECS = ROOT / "specs"
+
+
+def variant(name: str, *replacements: tuple[str, str], filename: str | None = None) -> Spec:
+    """The built-in spec ``name`` with each ``(old, new)`` replaced (every ``old`` must
+    occur in it), parsed as ``filename`` (default ``{name}-variant.yaml``)."""
+    text = (SPECS / f"{name}.yaml").read_text()
+    for old, new in replacements:
+        assert old in text, old
+        text = text.replace(old, new)
+    return loads_spec(text, filename or f"{name}-variant.yaml")
 
 Builder = Callable[..., tuple[torch.nn.Module, Any]]
 ZOO: dict[str, Builder] = {}
