@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import random
 import statistics
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from symspec.analyzers.interpolate import PathError, lambdas
 from symspec.analyzers.report import REPORT_SCHEMA, BarrierReport
 from symspec.analyzers.testing import fit, planted_pair
 from symspec.errors import SymspecInputError
+from tests.cli_files import write_words
 from tests.zoo import example
 
 # ----------------------------------------------------------------------------- the definition
@@ -97,15 +97,10 @@ def test_one_value_has_no_standard_error() -> None:
 
 # ----------------------------------------------------------------------------- trained tiny models
 
-WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
-
-
 @pytest.fixture(scope="module")
 def gpt_setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    rng = random.Random(0)
     path = tmp_path_factory.mktemp("text") / "words.txt"
-    path.write_text(" ".join(rng.choice(WORDS) for _ in range(1500)) + ".\n")
-    vocab = len(set(path.read_text()))
+    vocab = write_words(path)
     torch.manual_seed(0)
     model = example("nanogpt").build(vocab_size=vocab, block_size=16, n_layer=1, n_head=2, n_embd=16, n_ff=32)
     train = load_data(f"text:{path}", model=model, split="train", batch_size=32)

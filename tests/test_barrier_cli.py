@@ -3,42 +3,18 @@
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from symspec.analyzers.data import load_data, write_idx
 from symspec.analyzers.report import REPORT_SCHEMA
 from symspec.analyzers.testing import fit, planted_pair
-from symspec.cli.main import cli
 from symspec.loading import load_model
-
-ROOT = Path(__file__).resolve().parent.parent
-WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
-
-MODEL = '''
-import torch
-from symspec.loading import import_file
-
-_ng = import_file({path!r})
-SPEC = "nanogpt"
-
-
-def build(**overrides):
-    cfg = dict(vocab_size={vocab}, block_size=16, n_layer=1, n_head=2, n_embd={d}, n_ff=32)
-    cfg.update(overrides)
-    torch.manual_seed({seed})
-    return _ng.build(**cfg)
-
-
-example_inputs = _ng.example_inputs
-loss = _ng.loss
-'''
+from tests.cli_files import ROOT, model_file, run, write_words
 
 VIT_MODEL = '''
 import torch
@@ -56,27 +32,13 @@ example_inputs = _vit.example_inputs
 '''
 
 
-def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
-
-
-def model_file(folder: Path, name: str, vocab: int, d: int = 16, seed: int = 0, extra: str = "") -> Path:
-    p = folder / name
-    p.write_text(MODEL.format(path=str(ROOT / "examples" / "nanogpt.py"), vocab=vocab, d=d, seed=seed) + extra)
-    return p
-
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A word text, a model file, and checkpoints: two trained models, random ones, a planted pair."""
     d = tmp_path_factory.mktemp("barrier_cli")
-    rng = random.Random(0)
     text = d / "words.txt"
-    text.write_text(" ".join(rng.choice(WORDS) for _ in range(1500)) + ".\n")
-    vocab = len(set(text.read_text()))
+    vocab = write_words(text)
     mf = model_file(d, "gpt.py", vocab)
     out: dict[str, Path] = {"dir": d, "text": text, "model": mf}
     loaded = load_model(mf)

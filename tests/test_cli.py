@@ -8,20 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from symspec.cli.main import cli
+from tests.cli_files import run
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = str(ROOT / "examples" / "nanogpt.py")
 VIT = str(ROOT / "examples" / "vit.py")
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli, list(args))
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def test_check_passes_on_the_examples_with_json() -> None:

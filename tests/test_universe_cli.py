@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 from pathlib import Path
 from typing import Any
@@ -13,46 +12,16 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
-from click.testing import CliRunner
 
 from symspec.analyzers.data import load_data
 from symspec.analyzers.interpolate import PathEvaluator
 from symspec.analyzers.testing import fit
 from symspec.binding import bind
-from symspec.cli.main import cli
 from symspec.loading import load_model
 from symspec.record import TransformRecord
 from symspec.spec import load_spec
 from symspec.universe import report_schema
-
-ROOT = Path(__file__).resolve().parent.parent
-WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
-
-MODEL = '''
-import torch
-from symspec.loading import import_file
-
-_ng = import_file({path!r})
-SPEC = "nanogpt"
-
-
-def build(**overrides):
-    cfg = dict(vocab_size={vocab}, block_size=16, n_layer=1, n_head=2, n_embd={d}, n_ff=32)
-    cfg.update(overrides)
-    torch.manual_seed({seed})
-    return _ng.build(**cfg)
-
-
-example_inputs = _ng.example_inputs
-loss = _ng.loss
-'''
-
-
-def run(*args: Any) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
+from tests.cli_files import model_file, run, write_words
 
 
 def crash_hook() -> None:
@@ -79,13 +48,10 @@ def crash_hook() -> None:
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A word text, a model file, three briefly trained checkpoints and a list of them."""
     d = tmp_path_factory.mktemp("universe_cli")
-    rng = random.Random(0)
     text = d / "words.txt"
-    text.write_text(" ".join(rng.choice(WORDS) for _ in range(1500)) + ".\n")
-    vocab = len(set(text.read_text()))
-    mf = d / "gpt.py"
-    mf.write_text(MODEL.format(path=str(ROOT / "examples" / "nanogpt.py"), vocab=vocab, d=16, seed=0))
-    (d / "gpt_wide.py").write_text(MODEL.format(path=str(ROOT / "examples" / "nanogpt.py"), vocab=vocab, d=32, seed=0))
+    vocab = write_words(text)
+    mf = model_file(d, "gpt.py", vocab)
+    model_file(d, "gpt_wide.py", vocab, d=32)
     mod = load_model(mf).model_file.module  # type: ignore[union-attr]
     for s in range(3):
         m = mod.build()  # seeds itself: reinitialise, seeded per model
