@@ -32,7 +32,6 @@ example_inputs = _vit.example_inputs
 '''
 
 
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A word text, a model file, and checkpoints: two trained models, random ones, a planted pair."""
