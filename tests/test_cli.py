@@ -111,3 +111,20 @@ def test_console_script_exit_code() -> None:
         pytest.skip("the symspec console script is not installed in this environment")
     proc = subprocess.run([str(exe), "check", VIT, "--samples", "1", "--dtype", "float64", "--json"], capture_output=True, text=True)
     assert proc.returncode == 0 and json.loads(proc.stdout)["passed"]
+
+
+def test_progress_bar_shows_the_task_on_a_terminal() -> None:
+    # the bar barrier and universe share; the CLI tests run without a terminal (quiet)
+    import io
+
+    from rich.console import Console
+
+    from symspec.cli._common import progress_bar
+
+    buf = io.StringIO()
+    bar = progress_bar(Console(file=buf, force_terminal=True, width=80))
+    with bar:
+        task = bar.add_task("aligning", total=3)
+        bar.update(task, advance=2)
+        bar.refresh()
+    assert "aligning" in buf.getvalue() and "2/3" in buf.getvalue()
