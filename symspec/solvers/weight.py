@@ -25,6 +25,7 @@ objective stops improving. The engine knows no architecture:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections import defaultdict, deque
@@ -134,9 +135,12 @@ def joint_pairs(problem: Problem, incidences: Mapping[str, list[Incidence]]) -> 
     return pairs
 
 
-def sqdist(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 22) -> float:
+def sqdist(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 15) -> float:
     """||a - b||^2 accumulated in float64, in chunks: no temporaries the size of a large
-    weight (fresh allocations of hundreds of MB page-fault their way in, every time)."""
+    weight (fresh allocations of hundreds of MB page-fault their way in, every time), and
+    each chunk's temporaries stay in the cache and under the mmap threshold that
+    ``symspec match`` sets (128 KB chunks: 3x faster than 16 MB ones on a 20M-element
+    pair there, the same result to 1e-11)."""
     fa, fb = a.reshape(-1), b.reshape(-1)
     if fa.numel() <= chunk:
         return float((fa - fb).square().sum(dtype=torch.float64))
@@ -382,8 +386,10 @@ class _Engine:
         if trusted is not None:
             keep = [x for x in incs if self.problem.params[x[0].param].spaces() - unit <= trusted]
             incs = keep or incs
+        merge = entry.variance_free and inner is None
         for inc, role, inner_var in incs:
-            key = (inc.factor.path, inc.factor.variance, role, inner_var)
+            # a kind that acts alike for every variance: one term (one product) for all
+            key = (inc.factor.path, "co" if merge else inc.factor.variance, role, inner_var)
             if inc.param in self.static:  # one space: never a pair
                 term: Term = self.static_terms[inc]
                 if role != term.role:
@@ -418,6 +424,13 @@ class _Engine:
 
         ``trusted`` (the first round's greedy start): use only the parameters whose other
         spaces are already solved, and keep every solution (the caller checks the round).
+
+        Groups solved in one batched call (the head groups of all layers) get their
+        statistics first; on a machine with few cores (see :meth:`_overlap`) that call
+        then runs in a worker thread beside the assignment pipeline of the other groups
+        (the FF spaces), everything single-threaded, instead of after it with a core
+        idle. Spaces of a class share no parameter, so the order in which their
+        solutions are accepted does not change the result.
         """
         by_group: dict[Any, list[str]] = defaultdict(list)
         changed: list[str] = []
@@ -426,38 +439,80 @@ class _Engine:
                 changed += self._solve_pair(s, on_done, trusted)
             else:
                 by_group[self.problem.spaces[s].group].append(s)
+        batched: list[tuple[Any, list[str]]] = []
+        piped: list[tuple[Any, list[str]]] = []
         for group, names in by_group.items():
             entry = solver_for(group)
-            timer = self.ctx.timer
-            if entry.solve_many is not None or (entry.batched and len(names) > 1):
+            many = entry.solve_many is not None or (entry.batched and len(names) > 1)
+            (batched if many else piped).append((group, names))
+        background = bool(piped) and self._overlap()
+        workers = max(1, self.ctx.lap_workers) + (len(batched) if background else 0)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            later: list[tuple[list[str], Future[list[Element]]]] = []
+            for group, names in batched:
                 problems = [(self.terms(s, trusted), self.elements[s]) for s in names]
-                with timer("stats"):
+                with self.ctx.timer("stats"):
                     for ts, _ in problems:
                         for t in ts:
                             t.cross()
-                with timer(f"solve:{group.kind}"), solver_threads(self.ctx.device, self.ctx.threads):
-                    if entry.solve_many is not None:
-                        news = entry.solve_many(group, problems, self.ctx)
-                    else:
-                        news = self._solve_stacked(group, problems)
+                if background:
+                    # the solve runs while the pipeline's statistics take memory: keep
+                    # only the statistics it reads, not the transformed data behind them
+                    entry = solver_for(group)
+                    if entry.prefetch is not None:
+                        with self.ctx.timer("stats"):
+                            for ts, _ in problems:
+                                entry.prefetch(group, ts)
+                                for t in ts:
+                                    if isinstance(t, DataTerm):
+                                        t.evict()
+                    later.append((names, pool.submit(self._solve_batched, group, problems, False)))
+                else:
+                    changed += self._accept_each(names, self._solve_batched(group, problems, True), on_done, trusted)
                 del problems
-                for s, new in zip(names, news):
-                    if self.accept({s: new}, force=trusted is not None):
-                        changed.append(s)
-                    on_done(s)
-                continue
-            changed += self._solve_pipelined(group, names, on_done, trusted)
+            busy = [f for _, f in later]
+            for group, names in piped:
+                changed += self._solve_pipelined(group, names, on_done, trusted, pool, busy)
+            for names, fut in later:
+                changed += self._accept_each(names, fut.result(), on_done, trusted)
+        return changed
+
+    def _overlap(self) -> bool:
+        """Whether batched solves run beside the assignment pipeline: on the CPU, when
+        torch's threads are at most the solvers' own plus one (2 cores: the statistics'
+        products and the within-head solves each get one). With more cores the products
+        keep them all and the solves run after, as small threaded LAPACK calls beside
+        busy threads are many times slower (see :func:`solver_threads`)."""
+        c = self.ctx
+        return c.overlap and c.device.type == "cpu" and c.threads > 0 and torch.get_num_threads() <= c.threads + 1
+
+    def _solve_batched(self, group: Any, problems: list[tuple[list[Term], Element]], own_threads: bool) -> list[Element]:
+        entry = solver_for(group)
+        threads = solver_threads(self.ctx.device, self.ctx.threads) if own_threads else contextlib.nullcontext()
+        with self.ctx.timer(f"solve:{group.kind}"), threads:
+            if entry.solve_many is not None:
+                return entry.solve_many(group, problems, self.ctx)
+            return self._solve_stacked(group, problems)
+
+    def _accept_each(self, names: list[str], news: list[Element], on_done: Callable[[str], None],
+                     trusted: set[str] | None) -> list[str]:
+        changed = []
+        for s, new in zip(names, news):
+            if self.accept({s: new}, force=trusted is not None):
+                changed.append(s)
+            on_done(s)
         return changed
 
     def _solve_pipelined(self, group: Any, names: list[str], on_done: Callable[[str], None],
-                         trusted: set[str] | None) -> list[str]:
+                         trusted: set[str] | None, pool: ThreadPoolExecutor, busy: list[Future[Any]]) -> list[str]:
         """Spaces of one class and group, one at a time: statistics on this thread (large
-        products, threaded by torch), solves in a pool of ``lap_workers`` threads
-        (scipy's assignments release the GIL), so the next space's statistics are
+        products, threaded by torch), solves in ``pool`` (``lap_workers`` at a time;
+        scipy's assignments release the GIL), so the next space's statistics are
         computed while up to ``lap_workers`` assignments run. Spaces of a class share no
         parameter, so none of this touches the same tensors; solutions are accepted
         here, in order, and at most ``lap_workers`` spaces' statistics wait at once
-        (memory stays bounded)."""
+        (memory stays bounded). While a batched solve of the class runs in ``busy``,
+        the products leave it its core (torch's threads drop to the solvers' own)."""
         entry = solver_for(group)
         timer = self.ctx.timer
         workers = max(1, self.ctx.lap_workers)
@@ -475,12 +530,15 @@ class _Engine:
                     changed.append(s)
                 on_done(s)
 
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for s in names:
+        for s in names:
+            shared = any(not f.done() for f in busy)
+            with solver_threads(self.ctx.device, self.ctx.threads) if shared else contextlib.nullcontext():
                 terms = self._prepare(s, trusted)
                 pending.append((s, pool.submit(run, terms, self.elements[s]) if terms else None))
                 del terms
                 settle(workers)
+        shared = any(not f.done() for f in busy)
+        with solver_threads(self.ctx.device, self.ctx.threads) if shared else contextlib.nullcontext():
             settle(0)
         return changed
 
@@ -558,7 +616,8 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
                   rounds: int = 10, tol: float = 1e-6, device: str | torch.device = "cpu",
                   dtype: torch.dtype | None = None, init: Mapping[str, Element] | None = None,
                   progress: Progress | None = None, max_iter: int = 5, greedy_start: bool = True,
-                  timer: Timer | None = None, own_b: bool = False, lap_workers: int = 1) -> WeightMatchingResult:
+                  timer: Timer | None = None, own_b: bool = False, lap_workers: int = 1,
+                  overlap: bool = True) -> WeightMatchingResult:
     """Coordinate descent for ``min_g sum_P ||A_P - g.B_P||^2`` (both in canonical form).
 
     ``rounds``: at most this many rounds; stop earlier once a round improves the
@@ -566,6 +625,7 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
     each space from the parameters whose other spaces are already solved (kept only if
     that round ends below the starting objective). ``max_iter``: Gauss-Newton steps per
     GL solve. ``lap_workers``: assignments of one schedule class solved at once (threads).
+    ``overlap``: batched solves may run beside the statistics (see ``_Engine._overlap``).
     Spaces whose group is ``Id`` are not searched. Elements come back in
     ``problem``'s groups, on ``device``.
 
@@ -584,7 +644,7 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
     if lap_workers < 1:
         raise SymspecInputError(f"lap_workers must be >= 1, got {lap_workers}")
     ctx = SolveContext(device=torch.device(device), dtype=dt, timer=timer or Timer(), max_iter=max_iter,
-                       lap_workers=lap_workers)
+                       lap_workers=lap_workers, overlap=overlap)
     engine = _Engine(problem, sd_a, sd_b, ctx, init, own_b=own_b)
     searched = [s for s, si in problem.spaces.items() if not isinstance(si.group, Id) and engine.incidences[s]]
     engine.pairs = {s: t for s, t in engine.pairs.items() if s in searched and t in searched}
