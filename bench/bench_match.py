@@ -158,7 +158,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     result = weight_match(a, b, "nanogpt", groups=case["groups"], rounds=case["rounds"], tol=0.0,
                           device=case.get("device", "cpu"), dtype=torch.float32, keep_canonical_b=False,
-                          lap_workers=case.get("lap_workers", 1))
+                          lap_workers=case.get("lap_workers", 1), overlap=case.get("overlap", True))
     wall = time.perf_counter() - t0
     peak_kb = _status_kb("VmHWM")
     rounds = len(result.history) - 1
@@ -212,6 +212,11 @@ def _fit(xs: list[float], ys: list[float]) -> dict[str, float]:
     return {"intercept": a, "slope_per_layer": b, "r2": 1 - res / ss if ss else 1.0}
 
 
+def _label(r: dict[str, Any]) -> str:
+    """groups, lap workers, and '-' when the batched solves did not overlap."""
+    return f"{r['groups']} w{r.get('lap_workers', 1)}" + ("" if r.get("overlap", True) else "-")
+
+
 def _print_table(results: list[dict[str, Any]], scaling: dict[str, Any] | None) -> None:
     head = (f"{'case':<12} {'pair':<12} {'groups':<9} {'rounds':>6} {'total s':>8} {'s/round':>8} {'floor s':>8} "
             f"{'x floor':>7} {'peak x':>7} {'rel. obj':>9} {'load':>5}")
@@ -219,16 +224,17 @@ def _print_table(results: list[dict[str, Any]], scaling: dict[str, Any] | None) 
     print("-" * len(head))
     for r in results:
         if "error" in r:
-            print(f"{r.get('size', '?'):<12} {r['pair']:<12} {r['groups'] + ' w' + str(r.get('lap_workers', 1)):<9} error: {r['error']}")
+            print(f"{r.get('size', '?'):<12} {r['pair']:<12} {_label(r):<9} error: {r['error']}")
             continue
-        print(f"{r.get('size', 'custom'):<12} {r['pair']:<12} {r['groups'] + ' w' + str(r.get('lap_workers', 1)):<9} {r['rounds']:>6} {r['seconds']:>8.2f} "
+        print(f"{r.get('size', 'custom'):<12} {r['pair']:<12} {_label(r):<9} {r['rounds']:>6} {r['seconds']:>8.2f} "
               f"{r['seconds_per_round']:>8.2f} {r['floor_seconds_per_round']['total']:>8.2f} {r['solver_x_floor']:>7.1f} "
               f"{r['peak_x_models']:>7.2f} {r['relative_objective'][-1]:>9.4f} {r['load_average']:>5.1f}")
     for r in results:
         if "error" in r:
             continue
         phases = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["timings"].items(), key=lambda kv: -kv[1]) if v >= 0.01)
-        print(f"  {r.get('size', 'custom')}/{r['pair']}/{r['groups']}/lap workers {r.get('lap_workers', 1)}: {phases}")
+        print(f"  {r.get('size', 'custom')}/{r['pair']}/{r['groups']}/lap workers {r.get('lap_workers', 1)}"
+              f"/overlap {'on' if r.get('overlap', True) else 'off'}: {phases}")
     if scaling:
         print(f"cost vs layers ({scaling['rounds']} rounds, GPT-2 width, independent pair): "
               + ", ".join(f"{p['layers']}: {p['seconds_per_round']:.2f} s/round" for p in scaling["points"]))
@@ -247,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", default="1,2,4,8", help="depths for the cost-vs-layers sweep ('' to skip)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--lap-workers", default="1", help="comma-separated: assignments solved at once (threads)")
+    ap.add_argument("--overlap", default="on", help="comma-separated on/off: batched solves beside the statistics")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--quick", action="store_true", help="tiny and small only, no layer sweep")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "match.json"))
@@ -260,10 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         for pair in args.pairs.split(","):
             for groups in args.groups.split(","):
                 for workers in [int(w) for w in args.lap_workers.split(",")]:
-                    case = {"size": size, "pair": pair, "groups": groups, "rounds": args.rounds, "device": args.device,
-                            "lap_workers": workers}
-                    print(f"running {size} {pair} {groups} (lap workers {workers}) ...", file=sys.stderr, flush=True)
-                    results.append(_subprocess(case, args.timeout))
+                    for overlap in args.overlap.split(","):
+                        case = {"size": size, "pair": pair, "groups": groups, "rounds": args.rounds, "device": args.device,
+                                "lap_workers": workers, "overlap": overlap == "on"}
+                        print(f"running {size} {pair} {groups} (lap workers {workers}, overlap {overlap}) ...",
+                              file=sys.stderr, flush=True)
+                        results.append(_subprocess(case, args.timeout))
     scaling = None
     layers = [] if args.quick or not args.layers else [int(x) for x in args.layers.split(",")]
     if layers:

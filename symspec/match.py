@@ -162,7 +162,8 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
                  groups: str | Mapping[str, str] | None = None, rounds: int = 10, tol: float = 1e-6,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                  progress: Any = None, config: Any = None, max_iter: int = 5,
-                 greedy_start: bool = True, keep_canonical_b: bool = True, lap_workers: int = 1) -> MatchResult:
+                 greedy_start: bool = True, keep_canonical_b: bool = True, lap_workers: int = 1,
+                 overlap: bool = True) -> MatchResult:
     """Align ``model_b`` to ``model_a`` in weight space under ``spec`` (data-free).
 
     ``model_a``/``model_b``: modules (or state dicts, with ``config`` for the spec's
@@ -177,7 +178,9 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
     ``keep_canonical_b=False`` saves one copy of B: its canonical form becomes the working
     copy and then ``aligned_b`` (which then equals the record applied to B up to
     rounding), and ``canonical_b`` is None. ``lap_workers``: linear assignments solved at
-    once, in threads (1: one at a time). Inputs are never modified.
+    once, in threads (1: one at a time). ``overlap``: on few cores, batched solves (the
+    within-head maps) run beside the other spaces' statistics (same result either way).
+    Inputs are never modified.
     """
     timer = Timer()
     t0 = time.perf_counter()
@@ -205,7 +208,7 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
     own = not keep_canonical_b
     res = match_weights(searched_problem, ca, cb, rounds=rounds, tol=tol, device=device, dtype=dtype,
                         progress=progress, max_iter=max_iter, greedy_start=greedy_start, timer=timer, own_b=own,
-                        lap_workers=lap_workers)
+                        lap_workers=lap_workers, overlap=overlap)
     work_dtype = dtype or next((ca[p].dtype for p in problem.params), torch.float64)
     elements = {s: embed(problem.spaces[s].group, searched_problem.spaces[s].group, e, work_dtype)
                 for s, e in res.elements.items()}

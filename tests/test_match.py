@@ -264,3 +264,55 @@ def test_assignments_in_threads_give_the_same_result() -> None:
         assert torch.equal(v, three.aligned_b[p]), p
     with pytest.raises(SymspecInputError, match="lap_workers"):
         weight_match(a, b, "nanogpt", rounds=1, lap_workers=0)
+
+
+def test_overlapped_head_solves_give_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    # on few cores the within-head solves run in a worker beside the FF assignments
+    # (torch's threads drop to the solvers' own meanwhile); spaces of a class share no
+    # parameter, so the result is the one of solving them one after the other, bit for bit
+    from symspec.solvers import weight
+
+    in_worker: list[bool] = []
+    solve = weight._Engine._solve_batched
+
+    def spy(self: Any, group: Any, problems: Any, own_threads: bool) -> Any:
+        in_worker.append(not own_threads)
+        return solve(self, group, problems, own_threads)
+
+    monkeypatch.setattr(weight._Engine, "_solve_batched", spy)
+    # the background solve reads only statistics computed before B's transformed data
+    # was let go: nothing is recomputed from it afterwards
+    from symspec.solvers.base import DataTerm
+
+    recomputed: list[int] = []
+    evict, data = DataTerm.evict, DataTerm.b
+
+    def evict_spy(self: Any) -> None:
+        self.evicted = True
+        evict(self)
+
+    def b_spy(self: Any, k: int) -> Any:
+        if getattr(self, "evicted", False) and k not in self._b:
+            recomputed.append(k)
+        return data(self, k)
+
+    monkeypatch.setattr(DataTerm, "evict", evict_spy)
+    monkeypatch.setattr(DataTerm, "b", b_spy)
+    a, _ = build("nanogpt", seed=0, n_layer=3, n_ff=24)
+    b, _ = build("nanogpt", seed=1, n_layer=3, n_ff=24)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # overlap needs torch's threads <= the solvers' (1) + 1
+    try:
+        on = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, overlap=True)
+        assert torch.get_num_threads() == 2  # restored
+        assert in_worker and all(in_worker)
+        assert not recomputed
+        in_worker.clear()
+        off = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, overlap=False)
+        assert in_worker and not any(in_worker)
+    finally:
+        torch.set_num_threads(before)
+    assert on.history[-1] < on.history[0]
+    assert on.history == off.history
+    for p, v in on.aligned_b.items():
+        assert torch.equal(v, off.aligned_b[p]), p

@@ -25,7 +25,7 @@ import torch
 
 from ..groups import Element, Group, Heads
 from .assignment import assign
-from .base import SolveContext, StatTerm, Term, solve_stacked, solver, solver_many
+from .base import SolveContext, StatTerm, Term, prefetcher, solve_stacked, solver, solver_many
 
 
 def _blocks(c: torch.Tensor, heads: int, dh: int) -> torch.Tensor:
@@ -196,3 +196,16 @@ def solve_heads_many(group: Group, problems: list[tuple[list[Term], Element]], c
             for (i, _, _), e in zip(items, results):
                 solved[i][name] = e
     return [group._assemble(perm, qperm, solved[i]) for i, (perm, qperm) in enumerate(perms)]
+
+
+@prefetcher("Heads")
+def prefetch_heads(group: Group, terms: list[Term]) -> None:
+    """What :func:`solve_heads_many` reads of B's data: the cross-covariances, the
+    diagonal blocks of the Grams and the row norms (A's Gram blocks read A only)."""
+    assert isinstance(group, Heads)
+    for name, pts in _part_terms(group, terms).items():
+        dh = group.part(name).n
+        for t, _ in pts:
+            t.cross()
+            t.gram_blocks(dh)
+            t.rows_sq()

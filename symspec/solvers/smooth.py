@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import attrs
 import torch
 
 from ..groups import Element, Group, RoPE
@@ -60,7 +61,7 @@ def _ls(s: Stats) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------
-# batched L-BFGS on independent problems
+# the GL objective, batched over independent problems
 
 
 FunGrad = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -76,23 +77,43 @@ def _gl_fun_grad(co: Stats | None, ct: Stats | None) -> FunGrad:
     -(X^-1 R X^-1)^T. A singular X has f = inf."""
 
     def fg(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        total = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
-        grad = torch.zeros_like(x)
-        if co is not None:
-            c, g, a = co
-            xg = x @ g
-            total = total + a + ((xg - 2 * c) * x).sum((-1, -2))
-            grad = grad + 2 * (xg - c)
-        if ct is not None:
-            c, g, a = ct
-            inv, info = torch.linalg.inv_ex(x)
-            y = inv.mT
-            yg = y @ g
-            total = torch.where(info == 0, total + a + ((yg - 2 * c) * y).sum((-1, -2)), torch.inf)
-            grad = grad - (inv @ (2 * (yg - c)) @ inv).mT
-        return total, grad
+        f, grad, _ = _gl_eval(co, ct, x)
+        assert grad is not None
+        return f, grad
 
     return fg
+
+
+@attrs.frozen
+class _Products:
+    """What an evaluation at X computed that a Gauss-Newton step reuses."""
+
+    inv: torch.Tensor | None  # X^-1 (contra terms)
+    xg: torch.Tensor | None  # X G_co
+    yg: torch.Tensor | None  # X^-T G_contra
+
+
+def _gl_eval(co: Stats | None, ct: Stats | None, x: torch.Tensor,
+             grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, _Products]:
+    """f(X), its gradient (when ``grad``) and the products behind them."""
+    total = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    g_out = torch.zeros_like(x) if grad else None
+    inv = xg = yg = None
+    if co is not None:
+        c, g, a = co
+        xg = x @ g
+        total = total + a + ((xg - 2 * c) * x).sum((-1, -2))
+        if g_out is not None:
+            g_out = g_out + 2 * (xg - c)
+    if ct is not None:
+        c, g, a = ct
+        inv, info = torch.linalg.inv_ex(x)
+        y = inv.mT
+        yg = y @ g
+        total = torch.where(info == 0, total + a + ((yg - 2 * c) * y).sum((-1, -2)), torch.inf)
+        if g_out is not None:
+            g_out = g_out - (inv @ (2 * (yg - c)) @ inv).mT
+    return total, g_out, _Products(inv, xg, yg)
 
 
 def gauss_newton_gl(co: Stats, ct: Stats, x0: torch.Tensor, *, max_iter: int = 10,
@@ -105,21 +126,22 @@ def gauss_newton_gl(co: Stats, ct: Stats, x0: torch.Tensor, *, max_iter: int = 1
     ``M = Y G_contra Y^T``, ``S = X G_co X^T`` (Y = X^-T), solved exactly by two symmetric
     eigendecompositions. A backtracking (Armijo) line search on the exact objective makes
     every step decrease f; singular trial points have f = inf and are rejected, so X stays
-    invertible. A problem stops when a step gains less than ``rtol`` (relative).
+    invertible. A problem stops when a step gains less than ``rtol`` (relative). The
+    inverse and the products with the Grams of the accepted point are reused by the
+    next step.
     """
-    fg = _gl_fun_grad(co, ct)
     x = x0.clone()
-    f, grad = fg(x)
+    f, grad, pr = _gl_eval(co, ct, x)
+    assert grad is not None and pr.inv is not None and pr.xg is not None and pr.yg is not None
+    inv, xg, yg = pr.inv, pr.xg, pr.yg
     active = torch.isfinite(f)
     eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
     tiny = torch.finfo(x.dtype).tiny
     for _ in range(max_iter):
         if not bool(active.any()):
             break
-        inv, _ = torch.linalg.inv_ex(x)
-        y = inv.mT
-        lam, u = torch.linalg.eigh(y @ ct[1] @ y.mT)
-        sig, v = torch.linalg.eigh(x @ co[1] @ x.mT)
+        lam, u = torch.linalg.eigh(yg @ inv)  # Y G_ct Y^T
+        sig, v = torch.linalg.eigh(xg @ x.mT)  # X G_co X^T
         g_e = grad @ x.mT
         den = (lam[:, :, None] + sig[:, None, :]).clamp_min(0)
         den = den + 1e-12 * den.amax((-1, -2), keepdim=True).clamp_min(tiny)
@@ -128,18 +150,21 @@ def gauss_newton_gl(co: Stats, ct: Stats, x0: torch.Tensor, *, max_iter: int = 1
         t = torch.ones_like(f)
         pending = active & (gd < 0)
         x_new, f_new, g_new = x.clone(), f.clone(), grad.clone()
+        inv_new, xg_new, yg_new = inv.clone(), xg.clone(), yg.clone()
         for _ in range(40):
             trial = (eye + t[:, None, None] * e) @ x
-            ft, gt = fg(trial)
+            ft, gt, pt = _gl_eval(co, ct, trial)
+            assert gt is not None and pt.inv is not None and pt.xg is not None and pt.yg is not None
             ok = pending & torch.isfinite(ft) & (ft <= f + 1e-4 * t * gd)
             x_new[ok], f_new[ok], g_new[ok] = trial[ok], ft[ok], gt[ok]
+            inv_new[ok], xg_new[ok], yg_new[ok] = pt.inv[ok], pt.xg[ok], pt.yg[ok]
             pending &= ~ok
             if not bool(pending.any()):
                 break
             t = torch.where(pending, t * 0.5, t)
         moved = active & (f_new < f)
         decrease = f - f_new
-        x, f, grad = x_new, f_new, g_new
+        x, f, grad, inv, xg, yg = x_new, f_new, g_new, inv_new, xg_new, yg_new
         active = moved & (decrease > rtol * f.abs().clamp_min(tiny))
     return x, f
 
@@ -157,12 +182,37 @@ def equation_error(co: Stats, ct: Stats, h_ct: torch.Tensor) -> torch.Tensor:
     return u @ ((u.mT @ (co[0] + ct[0]) @ v) / den) @ v.mT
 
 
+#: bytes of one [B, n, n] temporary of a batched GL solve: larger batches are solved in
+#: chunks. Dozens of temporaries per Gauss-Newton step: kept small they are reused from
+#: the heap and stay in cache; 144 heads of 64 in one batch (4.7 MB each) are fresh
+#: mappings, page-faulted in, every op, wherever glibc's mmap threshold is low (as
+#: ``symspec match`` sets it to keep the peak memory down)
+GL_CHUNK_BYTES = 1 << 19
+
+
 def minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx: SolveContext,
                 h_ct: torch.Tensor | None = None) -> torch.Tensor:
     """The best X [B, n, n] for co terms (X) and contra terms (X^-T), from ``current``
-    (``h_ct``: A's Gram of the contra terms, for the equation-error start)."""
+    (``h_ct``: A's Gram of the contra terms, for the equation-error start), solved in
+    chunks of the batch (``GL_CHUNK_BYTES``); the problems are independent."""
     n = current.shape[-1]
-    fg = _gl_fun_grad(co, ct)
+    step = max(1, GL_CHUNK_BYTES // (n * n * current.element_size()))
+    if current.shape[0] <= step:
+        return _minimize_gl(co, ct, current, ctx, h_ct)
+
+    def part(s: Stats | None, sl: slice) -> Stats | None:
+        return None if s is None else (s[0][sl], s[1][sl], s[2][sl])
+
+    out = []
+    for i in range(0, current.shape[0], step):
+        sl = slice(i, i + step)
+        out.append(_minimize_gl(part(co, sl), part(ct, sl), current[sl], ctx, None if h_ct is None else h_ct[sl]))
+    return torch.cat(out)
+
+
+def _minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx: SolveContext,
+                 h_ct: torch.Tensor | None = None) -> torch.Tensor:
+    n = current.shape[-1]
     eye = torch.eye(n, dtype=current.dtype, device=current.device).expand_as(current)
     cands = [current, eye]
     if co is not None:
@@ -172,7 +222,7 @@ def minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx: 
         cands.append(torch.where((info == 0)[:, None, None], inv.mT, eye))
     if co is not None and ct is not None and h_ct is not None:
         cands.append(equation_error(co, ct, h_ct))
-    vals = torch.stack([fg(c)[0] for c in cands])  # [K, B]
+    vals = torch.stack([_gl_eval(co, ct, c, grad=False)[0] for c in cands])  # [K, B]
     vals = torch.where(torch.isfinite(vals), vals, torch.inf)
     best = vals.argmin(0)
     x0 = torch.stack(cands)[best, torch.arange(current.shape[0], device=current.device)]
