@@ -12,6 +12,9 @@ tied embeddings; spec ``nanogpt``), float32, random weights (nothing downloads):
 - gpt2-small: 12 layers, d 768, 12 heads, d_ff 3072, vocab 50257, context 1024 (124M
   parameters; 163M once canonicalisation unties the unembedding).
 
+Also reported: the CPU time of the match (all threads) and the cores it kept busy on
+average (CPU time / wall time).
+
 Two kinds of pair: ``independent`` (two seeds of nanoGPT's initialisation: nothing to
 find, the hardest assignments) and ``related`` (B = g.A + noise: A's canonical form
 moved by a random element g of the full group, plus Gaussian noise of 0.5x each weight's
@@ -59,6 +62,14 @@ def _status_kb(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _cpu_seconds() -> float:
+    """User and system CPU time of this process, all threads."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _reset_peak() -> None:
@@ -156,10 +167,12 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     build_s = time.perf_counter() - t0
     model_bytes = sum(p.numel() * p.element_size() for m in (a, b) for p in {id(q): q for q in m.parameters()}.values())
     t0 = time.perf_counter()
+    cpu0 = _cpu_seconds()
     result = weight_match(a, b, "nanogpt", groups=case["groups"], rounds=case["rounds"], tol=0.0,
                           device=case.get("device", "cpu"), dtype=torch.float32, keep_canonical_b=False,
                           lap_workers=case.get("lap_workers", 1), overlap=case.get("overlap", True))
     wall = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
     peak_kb = _status_kb("VmHWM")
     rounds = len(result.history) - 1
     floor = _floor(result, config)
@@ -175,6 +188,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         "load_average": load,
         "build_seconds": build_s,
         "seconds": wall,
+        "cpu_seconds": cpu,
+        "cores_busy": cpu / wall if wall > 0 else None,
         "rounds": rounds,
         "seconds_per_round": per_round,
         "timings": timings,
@@ -219,7 +234,7 @@ def _label(r: dict[str, Any]) -> str:
 
 def _print_table(results: list[dict[str, Any]], scaling: dict[str, Any] | None) -> None:
     head = (f"{'case':<12} {'pair':<12} {'groups':<9} {'rounds':>6} {'total s':>8} {'s/round':>8} {'floor s':>8} "
-            f"{'x floor':>7} {'peak x':>7} {'rel. obj':>9} {'load':>5}")
+            f"{'x floor':>7} {'peak x':>7} {'rel. obj':>9} {'cores':>5} {'load':>5}")
     print(head)
     print("-" * len(head))
     for r in results:
@@ -228,7 +243,8 @@ def _print_table(results: list[dict[str, Any]], scaling: dict[str, Any] | None) 
             continue
         print(f"{r.get('size', 'custom'):<12} {r['pair']:<12} {_label(r):<9} {r['rounds']:>6} {r['seconds']:>8.2f} "
               f"{r['seconds_per_round']:>8.2f} {r['floor_seconds_per_round']['total']:>8.2f} {r['solver_x_floor']:>7.1f} "
-              f"{r['peak_x_models']:>7.2f} {r['relative_objective'][-1]:>9.4f} {r['load_average']:>5.1f}")
+              f"{r['peak_x_models']:>7.2f} {r['relative_objective'][-1]:>9.4f} {r.get('cores_busy') or 0:>5.2f} "
+              f"{r['load_average']:>5.1f}")
     for r in results:
         if "error" in r:
             continue
