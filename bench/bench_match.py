@@ -185,6 +185,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         "threads": threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
         "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", ""),
+        "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX", ""),
         "load_average": load,
         "build_seconds": build_s,
         "seconds": wall,
@@ -206,9 +207,11 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
 
 def _subprocess(case: dict[str, Any], timeout: float) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    # as `symspec match` sets them (cli/match.py: passive OpenMP waits, a fixed mmap threshold)
+    # as `symspec match` sets them (cli/match.py: passive OpenMP waits, a fixed mmap
+    # threshold, one heap arena for all threads)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    env.setdefault("MALLOC_ARENA_MAX", "1")
     proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
     if proc.returncode != 0:

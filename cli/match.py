@@ -145,16 +145,23 @@ def _quiet_threads() -> None:
     glibc raises its mmap threshold after large blocks are freed, so later per-layer
     weights (a few MB) come from the heap and stay resident after they are freed; a fixed
     1 MiB threshold returns them (measured: peak 3.74x -> 3.53x the two GPT-2-small models).
+    The solves that run in worker threads would each get a heap arena of their own, whose
+    freed blocks the other threads cannot reuse; one arena keeps them shared (measured:
+    3.02x -> 2.83x, no slower: ``MALLOC_ARENA_MAX=1 python bench/bench_match.py --cases
+    gpt2-small --pairs independent --groups full --layers ''``).
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+    settings = {"MALLOC_MMAP_THRESHOLD_": (-3, 1 << 20), "MALLOC_ARENA_MAX": (-8, 1)}  # glibc's mallopt
+    wanted = [(param, value) for name, (param, value) in settings.items() if name not in os.environ]
+    if wanted:
         import contextlib
         import ctypes
         import ctypes.util
 
         with contextlib.suppress(OSError, AttributeError, TypeError):
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (glibc); elsewhere a no-op
+            for param, value in wanted:
+                libc.mallopt(param, value)  # elsewhere than glibc: a no-op or absent
 
 
 def _device(device: str) -> str:
