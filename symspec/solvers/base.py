@@ -117,6 +117,10 @@ class Term:
     def _gram_blocks(self, size: int) -> torch.Tensor:
         return _diag_blocks(self.gram(), size)
 
+    def evict(self) -> None:
+        """Let go of data kept only to compute statistics not asked for yet (they are
+        recomputed if asked for later); terms that keep none have nothing to do."""
+
 
 def _diag_blocks(g: torch.Tensor, size: int) -> torch.Tensor:
     n = g.shape[-1]
@@ -181,6 +185,10 @@ class SumTerm(Term):
 
     def gram_a_blocks(self, size: int) -> torch.Tensor:
         return self._cached(("gram_a_blocks", size), lambda: _sum(t.gram_a_blocks(size) for t in self.terms))
+
+    def evict(self) -> None:
+        for t in self.terms:
+            t.evict()
 
 
 @attrs.frozen
@@ -339,19 +347,29 @@ class Timer:
 
 
 @contextmanager
-def solver_threads(device: torch.device, threads: int) -> Iterator[None]:
-    """Run the solvers' small dense linear algebra (batched inverses, SVDs of n x n
-    statistics) with few CPU threads: on a loaded machine, OpenMP-parallel LAPACK over
-    small matrices is up to 10x slower than one thread (measured on these CPUs)."""
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's CPU threads set to ``n`` (a process-wide setting; 0 or less: unchanged),
+    restored after."""
     before = torch.get_num_threads()
-    if device.type != "cpu" or threads <= 0 or threads >= before:
+    if n <= 0 or n == before:
         yield
         return
-    torch.set_num_threads(threads)
+    torch.set_num_threads(n)
     try:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextmanager
+def solver_threads(device: torch.device, threads: int) -> Iterator[None]:
+    """Run the solvers' small dense linear algebra (batched inverses, SVDs of n x n
+    statistics) with few CPU threads: on a loaded machine, OpenMP-parallel LAPACK over
+    small matrices is up to 10x slower than one thread (measured on these CPUs). Only
+    ever lowers the count, and only on the CPU."""
+    lower = device.type == "cpu" and 0 < threads < torch.get_num_threads()
+    with torch_threads(threads if lower else 0):
+        yield
 
 
 @attrs.define
@@ -470,6 +488,10 @@ class StackTerm(Term):
 
     def _gram_a(self) -> torch.Tensor:
         return torch.stack([t.gram_a() for t in self.terms])
+
+    def evict(self) -> None:
+        for t in self.terms:
+            t.evict()
 
 
 def stack_elements(elements: list[Element]) -> Element:

@@ -29,7 +29,7 @@ import contextlib
 import functools
 import math
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -51,6 +51,7 @@ from .base import (
     solve_stacked,
     solver_for,
     solver_threads,
+    torch_threads,
 )
 
 
@@ -158,20 +159,6 @@ def _weighted_gram(x: torch.Tensor, w: float) -> torch.Tensor:
 def _row_norms_sq(x: torch.Tensor) -> torch.Tensor:
     """sum of squares per row, without a temporary the size of ``x`` (an embedding's)."""
     return torch.linalg.vector_norm(x, dim=-1).square()
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    """torch's CPU threads set to ``n`` (a process-wide setting), restored after."""
-    before = torch.get_num_threads()
-    if n <= 0 or n == before:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _undo_chain(steps: tuple[tuple[Any, Element, tuple[str, ...], str], ...], x: torch.Tensor) -> torch.Tensor:
@@ -463,11 +450,10 @@ class _Engine:
         workers = max(1, self.ctx.lap_workers) + (len(batched) if background else 0)
         full = torch.get_num_threads()
         later: list[tuple[list[str], Future[list[Element]]]] = []
-        busy: list[Future[Any]] = []
         with ThreadPoolExecutor(max_workers=workers) as pool, contextlib.ExitStack() as low:
             for group, names in batched:
                 problems = [(self.terms(s, trusted), self.elements[s]) for s in names]
-                with self._step_threads(busy, full), self.ctx.timer("stats"):
+                with self._step_threads(later, full), self.ctx.timer("stats"):
                     for ts, _ in problems:
                         for t in ts:
                             t.cross()
@@ -478,33 +464,31 @@ class _Engine:
                         for ts, _ in problems:
                             entry.prefetch(group, ts)
                             for t in ts:
-                                if isinstance(t, DataTerm):
-                                    t.evict()
+                                t.evict()
                 if background:
                     if not later:
                         # from here until every background solve is done, torch runs with
                         # the solvers' own threads except for steps taken once they are
                         # (_step_threads): their small ops always see one thread count,
                         # so the result does not depend on timing
-                        low.enter_context(_torch_threads(self.ctx.threads))
-                    fut = pool.submit(self._solve_batched, group, problems, False)
-                    later.append((names, fut))
-                    busy.append(fut)
+                        low.enter_context(torch_threads(self.ctx.threads))
+                    later.append((names, pool.submit(self._solve_batched, group, problems, False)))
                 else:
                     changed += self._accept_each(names, self._solve_batched(group, problems, True), on_done, trusted)
                 del problems
             for group, names in piped:
-                changed += self._solve_pipelined(group, names, on_done, trusted, pool, busy, full)
+                changed += self._solve_pipelined(group, names, on_done, trusted, pool, later, full)
             for names, fut in later:
                 news = fut.result()
-                with self._step_threads(busy, full):
+                with self._step_threads(later, full):
                     changed += self._accept_each(names, news, on_done, trusted)
         return changed
 
-    def _step_threads(self, busy: list[Future[Any]], full: int) -> contextlib.AbstractContextManager[None]:
+    def _step_threads(self, background: list[tuple[list[str], Future[list[Element]]]],
+                      full: int) -> contextlib.AbstractContextManager[None]:
         """Torch threads for a step on this thread: all of them (``full``) once nothing
         runs in the background any more, else the count set for the background section."""
-        return _torch_threads(full) if all(f.done() for f in busy) else contextlib.nullcontext()
+        return torch_threads(full) if all(f.done() for _, f in background) else contextlib.nullcontext()
 
     def _overlap(self) -> bool:
         """Whether batched solves run beside the assignment pipeline: on the CPU, when
@@ -533,15 +517,15 @@ class _Engine:
         return changed
 
     def _solve_pipelined(self, group: Any, names: list[str], on_done: Callable[[str], None],
-                         trusted: set[str] | None, pool: ThreadPoolExecutor, busy: list[Future[Any]],
-                         full: int) -> list[str]:
+                         trusted: set[str] | None, pool: ThreadPoolExecutor,
+                         background: list[tuple[list[str], Future[list[Element]]]], full: int) -> list[str]:
         """Spaces of one class and group, one at a time: statistics on this thread (large
         products, threaded by torch), solves in ``pool`` (``lap_workers`` at a time;
         scipy's assignments release the GIL), so the next space's statistics are
         computed while up to ``lap_workers`` assignments run. Spaces of a class share no
         parameter, so none of this touches the same tensors; solutions are accepted
         here, in order, and at most ``lap_workers`` spaces' statistics wait at once
-        (memory stays bounded). While a batched solve of the class runs in ``busy``,
+        (memory stays bounded). While a batched solve of the class runs in ``background``,
         the products leave it its core (torch's threads stay at the solvers' own, see
         :meth:`solve_class`); once it is done they get all ``full`` threads again."""
         entry = solver_for(group)
@@ -562,12 +546,12 @@ class _Engine:
                 on_done(s)
 
         for s in names:
-            with self._step_threads(busy, full):
+            with self._step_threads(background, full):
                 terms = self._prepare(s, trusted)
                 pending.append((s, pool.submit(run, terms, self.elements[s]) if terms else None))
                 del terms
                 settle(workers)
-        with self._step_threads(busy, full):
+        with self._step_threads(background, full):
             settle(0)
         return changed
 
