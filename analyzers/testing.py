@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,34 +34,19 @@ class Planted:
 
 def planted_pair(model: torch.nn.Module, spec: Any, *, seed: int = 0, spaces: Sequence[str] | None = None,
                  cond: float = 10.0) -> Planted:
-    """B = g·A for a random g (seeded; all spaces of ``spec`` unless ``spaces``), in float64
-    and cast back to the model's dtype. ``spec``: a Spec, a spec path or a built-in name."""
-    from symspec.binding import bind
-    from symspec.spec import load_spec
-    from symspec.spec.model import Spec
-    from symspec.transforms import (
-        apply_elements,
-        canonicalize_model,
-        inverse_elements,
-        sample_elements,
-    )
+    """B = g·A for a random g (seeded; all spaces of ``spec`` unless ``spaces``), as state
+    dicts of A's canonical module (:func:`symspec.plant` computes g·A in float64 and casts
+    back to the model's dtype). ``spec``: a Spec, a spec path or a built-in name."""
+    from symspec.transforms import apply_elements, inverse_elements, plant
 
-    s = spec if isinstance(spec, Spec) else load_spec(spec)
-    dtype = next(model.parameters()).dtype
-    base = copy.deepcopy(model).to(torch.float64).eval()
-    bound = bind(s, base)
-    canon = canonicalize_model(bound, base)
-    problem = bound.problem
-    sd_a = {k: v.detach() for k, v in canon.state_dict().items()}
-    names = list(spaces) if spaces is not None else list(problem.spaces)
-    g = sample_elements(problem, names, seed=seed, cond=cond)
-    sd_b = apply_elements(problem, g, sd_a)
-    back = apply_elements(problem, inverse_elements(problem, g), sd_b)
-
-    def cast(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
-
-    return Planted(canon.to(dtype), cast(sd_a), cast(sd_b), cast(back), g)
+    p = plant(model, spec, seed=seed, spaces=spaces, cond=cond)
+    problem = p.bound.problem
+    sd_a = {k: v.detach() for k, v in p.canonical.state_dict().items()}
+    sd_b = {k: v.detach() for k, v in p.model.state_dict().items()}
+    wide = {k: v.double() if v.is_floating_point() else v for k, v in sd_b.items()}
+    back = apply_elements(problem, inverse_elements(problem, p.elements), wide)
+    back = {k: v.to(sd_a[k].dtype) if v.is_floating_point() else v for k, v in back.items()}
+    return Planted(p.canonical, sd_a, sd_b, back, p.elements)
 
 
 def fit(model: torch.nn.Module, data: EvalData, *, steps: int = 200, lr: float = 3e-3, seed: int = 0) -> list[float]:

@@ -37,6 +37,8 @@ _EXPORTS = {
     "sample_elements": "symspec.transforms",
     "canonicalize_model": "symspec.transforms",
     "canonicalize_state_dict": "symspec.transforms",
+    "plant": "symspec.transforms",
+    "PlantedCopy": "symspec.transforms",
     "parse_group": ("symspec.groups", "parse"),
     "SymspecError": "symspec.errors",
     "SymspecInputError": "symspec.errors",

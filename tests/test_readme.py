@@ -36,3 +36,29 @@ def test_cli_reference_lists_every_command() -> None:
     text = (ROOT / "README.md").read_text()
     for name in COMMANDS:
         assert f"`symspec {name}" in text, f"the README's CLI table misses `symspec {name}`"
+
+
+def test_python_api_snippet_runs_and_plants_b_with_a_s_function() -> None:
+    import torch
+
+    from tests.zoo import ZOO
+
+    snippet = re.findall(r"```python\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.S)[0]
+    model, inputs = ZOO["nanogpt"]()
+    scope: dict[str, object] = {"model": model, "inputs": inputs}
+    exec(snippet, scope)
+    b = scope["b"]
+    assert isinstance(b, torch.nn.Module) and type(b) is type(model)
+    with torch.no_grad():
+        ya, yb = model(*inputs), b(*inputs)
+    assert float((ya - yb).abs().max()) < 1e-4 * float(ya.abs().max())
+    assert not torch.allclose(model.lm_head.weight, b.lm_head.weight)
+
+
+def test_the_two_commands_pin_one_torch_so_either_order_works() -> None:
+    # the quick start once pinned another torch than the tests: run second, it swapped
+    # the tests' torch under their torchvision (and the tests swapped its CPU build)
+    quick, tests = _blocks()[0], next(b for b in _blocks() if "pytest" in b)
+    pins = [set(re.findall(r"torch==[\d.]+", block)) for block in (quick, tests)]
+    assert len(pins[0]) == 1 and pins[0] == pins[1], pins
+    assert "python3 -m venv .venv" in quick and "python3 -m venv .venv" in tests  # one folder, one venv
