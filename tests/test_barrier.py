@@ -160,10 +160,6 @@ def test_planted_symmetry_has_a_barrier_that_alignment_removes(setup: str, spec:
 
 
 def test_weight_matching_removes_the_planted_barrier(gpt_setup: dict) -> None:
-    try:
-        import symspec.match  # noqa: F401
-    except ImportError:
-        pytest.skip("symspec.match (weight matching) is not in this tree yet")
     planted = planted_pair(gpt_setup["model"], "nanogpt", seed=5)
     a, b = as_model(planted.module, planted.sd_a), as_model(planted.module, planted.sd_b)
     res = measure([(a, b)], gpt_setup["val"], methods=["none", "weight"], spec="nanogpt", points=11)
@@ -173,10 +169,6 @@ def test_weight_matching_removes_the_planted_barrier(gpt_setup: dict) -> None:
 
 
 def test_permutation_only_matching_undoes_a_planted_permutation_but_not_a_rotation(gpt_setup: dict) -> None:
-    try:
-        import symspec.match  # noqa: F401
-    except ImportError:
-        pytest.skip("symspec.match (weight matching) is not in this tree yet")
     for spaces, perm_recovers in ((["ff[0]"], True), (None, False)):
         planted = planted_pair(gpt_setup["model"], "nanogpt", seed=5, spaces=spaces)
         a, b = as_model(planted.module, planted.sd_a), as_model(planted.module, planted.sd_b)

@@ -10,19 +10,18 @@ import pytest
 import torch
 
 from symspec.loading import import_file
+from tests.needs import shared_data
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "data"
 
 
 def test_bench_quick_writes_its_results(tmp_path: Path) -> None:
-    if not (SHARED / "tinyshakespeare.txt").exists() or not (SHARED / "mnist").exists():
-        pytest.skip(f"{SHARED} is missing: the shared offline data are not on this machine")
+    shared = shared_data("tinyshakespeare.txt", "mnist")
     bench = import_file(ROOT / "bench" / "bench_barrier.py")
     out = tmp_path / "barrier.json"
     threads = torch.get_num_threads()
     try:
-        assert bench.main(["--quick", "--data", str(SHARED), "--out", str(out), "--points", "3"]) == 0
+        assert bench.main(["--quick", "--data", str(shared), "--out", str(out), "--points", "3"]) == 0
     finally:
         torch.set_num_threads(threads)  # the bench pins its own thread count
     doc = json.loads(out.read_text())

@@ -108,7 +108,7 @@ def test_help_is_lazy() -> None:
 def test_console_script_exit_code() -> None:
     exe = Path(sys.executable).parent / "symspec"
     if not exe.exists():
-        pytest.skip("the symspec console script is not installed in this environment")
+        pytest.skip("the symspec console script is not installed in this environment: pip install -e .")
     proc = subprocess.run([str(exe), "check", VIT, "--samples", "1", "--dtype", "float64", "--json"], capture_output=True, text=True)
     assert proc.returncode == 0 and json.loads(proc.stdout)["passed"]
 

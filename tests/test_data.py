@@ -31,9 +31,8 @@ from symspec.analyzers.data import (
 )
 from symspec.errors import SymspecInputError
 from symspec.loading import load_model
+from tests.needs import shared_data
 from tests.zoo import example
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def gpt(vocab: int, block: int = 8) -> torch.nn.Module:
@@ -429,17 +428,13 @@ def test_bad_split_batch_and_sample_arguments(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- the shared data
 
 def test_tiny_shakespeare_fits_a_65_character_gpt() -> None:
-    path = SHARED / "tinyshakespeare.txt"
-    if not path.exists():
-        pytest.skip(f"{path} is missing: the shared offline data are not on this machine")
+    path = shared_data("tinyshakespeare.txt") / "tinyshakespeare.txt"
     data = load_data(f"text:{path}", model=gpt(65, block=64), split="val", max_samples=4)
     assert data.details["vocab"] == 65 and data.details["characters"] == pytest.approx(111539, abs=2)
 
 
 def test_shared_mnist_is_28x28_with_ten_classes() -> None:
-    folder = SHARED / "mnist"
-    if not (folder / "t10k-images-idx3-ubyte.gz").exists():
-        pytest.skip(f"{folder} is missing: the shared offline data are not on this machine")
+    folder = shared_data("mnist/t10k-images-idx3-ubyte.gz") / "mnist"
     sizes = [load_data(f"mnist:{folder}", model=vit(28, 7), split=s, batch_size=1000).examples for s in SPLITS]
     assert sizes == [8000, 1000, 1000]
     test = load_data(f"mnist:{folder}", model=vit(28, 7), split="test", batch_size=1000)

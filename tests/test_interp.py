@@ -235,7 +235,7 @@ def test_unavailable_devices_are_input_errors(tmp_path) -> None:
             PathEvaluator(a, data, device="cuda")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: run on a machine with an NVIDIA GPU and a CUDA build of torch")
 def test_cuda_curve_matches_cpu(tmp_path) -> None:
     path = text_file(tmp_path)
     a, b = tiny_gpt(0), tiny_gpt(1)

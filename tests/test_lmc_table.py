@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.needs import optional
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
 def test_quick_table_end_to_end(tmp_path: Path) -> None:
-    pytest.importorskip("sklearn", reason="the quick ViT task uses scikit-learn's bundled digits")
+    optional("sklearn")  # the quick ViT task uses scikit-learn's bundled digits
     rng = random.Random(0)
     words = ["the", "king", "queen", "lord", "good", "night", "day", "love", "war", "peace", "come", "go", "speak"]
     text = tmp_path / "tiny.txt"
