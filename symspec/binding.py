@@ -21,7 +21,7 @@ import torch
 from .errors import BindError, Diagnostic, GroupError, Location, suggest
 from .groups import Group
 from .groups import parse as parse_group
-from .problem import AxisBinding, Factor, ParamBinding, Problem, Segment, SpaceInstance
+from .problem import AxisBinding, Factor, HeadMajor, ParamBinding, Problem, Segment, SpaceInstance
 from .spec.exprs import DimContext, ExprError, evaluate_dims, parse_expr
 from .spec.load import captures_of
 from .spec.model import ParamDecl, Spec, StepDecl
@@ -36,6 +36,8 @@ class CanonOp:
     kind: str
     args: Mapping[str, Any]
     loc: Location = attrs.field(default=Location(), eq=False, repr=False)
+    #: the index of the spec's step it comes from (one step makes one op per match)
+    step: int = attrs.field(default=-1, eq=False, repr=False)
 
 
 @attrs.define
@@ -132,23 +134,35 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
     # -- parameters ------------------------------------------------------------------------
     owner: dict[str, ParamDecl] = {}
     matches: dict[ParamDecl, list[tuple[str, dict[str, int]]]] = {}
+    hint = _HintBudget()
+    unmatched: list[ParamDecl] = []
     for decl in spec.params:
-        rx = template_regex(decl.pattern)
         found = []
-        for name in tensors:
-            m = rx.fullmatch(name)
-            if m:
-                found.append((name, {k: int(v) for k, v in m.groupdict().items()}))
+        if not decl.captures:  # a plain name: a lookup, not a scan (specs may list many)
+            if decl.pattern in tensors:
+                found.append((decl.pattern, {}))
+        else:
+            rx = template_regex(decl.pattern)
+            for name in tensors:
+                m = rx.fullmatch(name)
+                if m:
+                    found.append((name, {k: int(v) for k, v in m.groupdict().items()}))
         if not found:
-            guess = fill(decl.pattern, {c: 0 for c in decl.captures})
-            hint = suggest(guess, tensors, n=3)
-            diags.append(Diagnostic(decl.loc, f"'{decl.pattern}' matches no parameter of {cls_name}", hint))
+            unmatched.append(decl)
+            if len(unmatched) <= MAX_UNMATCHED_SHOWN:
+                guess = fill(decl.pattern, {c: 0 for c in decl.captures})
+                diags.append(Diagnostic(decl.loc, f"'{decl.pattern}' matches no parameter of {cls_name}", hint(guess, tensors, n=3)))
             continue
         matches[decl] = found
         for name, _ in found:
             if name in owner:
                 diags.append(Diagnostic(decl.loc, f"'{name}' is matched by both '{owner[name].pattern}' and '{decl.pattern}'"))
             owner[name] = decl
+
+    if len(unmatched) > MAX_UNMATCHED_SHOWN:
+        rest = unmatched[MAX_UNMATCHED_SHOWN:]
+        shown = ", ".join(f"'{d.pattern}'" for d in rest[:3]) + (", ..." if len(rest) > 3 else "")
+        diags.append(Diagnostic(rest[0].loc, f"{len(rest)} more parameter template(s) match no parameter of {cls_name}: {shown}"))
 
     spaces: dict[str, SpaceInstance] = {}
     params: dict[str, ParamBinding] = {}
@@ -159,7 +173,7 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
             if decl.invariant:
                 invariants.append(name)
                 continue
-            pb = _bind_param(decl, name, caps, shapes[name], space_decls, groups, spaces, diags)
+            pb = _bind_param(decl, name, caps, shapes[name], space_decls, groups, spaces, diags, dims)
             if pb is not None:
                 params[name] = pb
 
@@ -187,7 +201,7 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
             names = tuple(fill(p, caps) for p in t.params)
             missing = [n for n in names if n not in tensors]
             if missing:
-                diags.append(Diagnostic(t.loc, f"tied parameter(s) {', '.join(missing)} not in {cls_name}", suggest(missing[0], tensors)))
+                diags.append(Diagnostic(t.loc, f"tied parameter(s) {', '.join(missing)} not in {cls_name}", hint(missing[0], tensors)))
                 continue
             declared.append(names)
             really = all(tied_to.get(n) is not None and set(names) <= set(tied_to[n]) for n in names)
@@ -195,7 +209,7 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
                 diags.append(Diagnostic(t.loc, f"{' and '.join(names)} are declared tied, but {cls_name} stores them separately"))
             _check_tie(names, params, spaces, untied, t.loc, diags)
         if not found_any:
-            diags.append(Diagnostic(t.loc, f"'{t.params[0]}' matches no parameter of {cls_name}", suggest(fill(t.params[0], {c: 0 for c in captures_of(t.params[0])}), tensors)))
+            diags.append(Diagnostic(t.loc, f"'{t.params[0]}' matches no parameter of {cls_name}", hint(fill(t.params[0], {c: 0 for c in captures_of(t.params[0])}), tensors)))
     declared_sets = [set(d) for d in declared]
     for g in ties:
         if not any(set(g) <= d for d in declared_sets):
@@ -203,9 +217,9 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
                                     f"add '- [{', '.join(g)}]' under ties"))
 
     # -- canonicalisation steps -----------------------------------------------------------
-    canonical = _bind_steps(spec.canonicalize, tensors, shapes, declared, diags)
+    canonical = _bind_steps(spec.canonicalize, tensors, shapes, declared, diags, hint)
     if diags:
-        raise BindError(diags, headline=f"{spec.source}: the spec '{spec.name}' does not fit {cls_name} ({len(diags)} problem(s))")
+        raise BindError(diags, headline=_misfit_headline(spec, cls_name, len(spec.params) - len(unmatched), len(diags), tensors))
 
     after_untie = tuple(g for g in declared if not (set(g) & untied))
     problem = Problem(spaces=spaces, params=params, invariants=tuple(invariants), ties=after_untie)
@@ -215,6 +229,72 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
 
         bound.graph = trace_model(model, example_inputs, bound.problem)
     return bound
+
+
+#: unmatched parameter templates listed one by one, each with a "did you mean" (difflib
+#: against every parameter name, about a millisecond each); the rest are counted in one line
+MAX_UNMATCHED_SHOWN = 20
+#: "did you mean" hints computed per binding (unmatched ties and steps too): a spec with
+#: a million wrong names must not take a million fuzzy searches
+MAX_HINTS = 50
+
+
+class _HintBudget:
+    """:func:`~symspec.errors.suggest` for the first :data:`MAX_HINTS` calls, then None."""
+
+    def __init__(self) -> None:
+        self.left = MAX_HINTS
+
+    def __call__(self, name: str, candidates: Mapping[str, Any], n: int = 1) -> str | None:
+        if self.left <= 0:
+            return None
+        self.left -= 1
+        return suggest(name, candidates, n=n)
+
+
+def _misfit_headline(spec: Spec, cls_name: str, matched: int, problems: int, tensors: Mapping[str, Any]) -> str:
+    """The first line of a binding error: how much of the spec fits at all, and which
+    built-in spec would (``--spec gpt2`` on a Llama reports ~40 problems; the fix is one)."""
+    from .spec.builtin import BUILTIN_PREFIX, specs_for_class
+
+    total = len(spec.params)
+    line = (f"{spec.source}: the spec '{spec.name}' does not fit {cls_name}: "
+            f"{matched} of its {total} parameter template(s) match a parameter ({problems} problem(s))")
+    poor = matched * 2 < total
+    # a built-in spec that fits the class; not this spec itself, nor for a user's edited
+    # copy of it (same name, mostly matching), whose fix is in the file
+    fits = [n for n in specs_for_class(cls_name) if spec.source != f"{BUILTIN_PREFIX}{n}" and (poor or n != spec.name)]
+    if fits:
+        which = ", ".join(f"'{n}'" for n in fits)
+        return line + f"; the built-in spec {which} fits {cls_name}: --spec {fits[0]}"
+    if poor:  # and no class to go by: try the built-ins' parameter names
+        named = _builtin_naming(tensors, exclude=spec.source)
+        if len(named) == 1:
+            return line + f"; the built-in spec '{named[0]}' names these parameters: --spec {named[0]}"
+        if named:  # the names alone do not tell these apart (Llama and Gemma name theirs alike)
+            return line + f"; the built-in specs {', '.join(repr(n) for n in named)} name these parameters: --spec NAME"
+    return line
+
+
+def _builtin_naming(tensors: Mapping[str, Any], exclude: str) -> list[str]:
+    """The built-in specs all of whose parameter templates match these parameters (for a
+    state dict, or a class no spec lists)."""
+    from .errors import SymspecInputError
+    from .spec.builtin import BUILTIN_PREFIX, builtin_names
+    from .spec.load import load_spec
+
+    out = []
+    for name in builtin_names():
+        if exclude == f"{BUILTIN_PREFIX}{name}":
+            continue
+        try:
+            spec = load_spec(name)
+        except SymspecInputError:  # pragma: no cover - the built-in specs are validated by the tests
+            continue
+        rxs = [template_regex(p.pattern) for p in spec.params]
+        if rxs and all(any(rx.fullmatch(t) for t in tensors) for rx in rxs):
+            out.append(name)
+    return out
 
 
 def _unparse(node: Any) -> str:
@@ -232,7 +312,7 @@ def _expand_simple(template: str | None, tensors: Mapping[str, Any]) -> list[str
 
 def _bind_param(decl: ParamDecl, name: str, caps: dict[str, int], shape: tuple[int, ...],
                 space_decls: dict[str, Any], groups: dict[str, Group], spaces: dict[str, SpaceInstance],
-                diags: list[Diagnostic]) -> ParamBinding | None:
+                diags: list[Diagnostic], dims: Mapping[str, int] | None = None) -> ParamBinding | None:
     axes_decl = decl.axes or ()
     if len(axes_decl) != len(shape):
         diags.append(Diagnostic(decl.loc, f"{name} has {len(shape)} axes (shape {list(shape)}), the spec gives {len(axes_decl)}"))
@@ -286,10 +366,31 @@ def _bind_param(decl: ParamDecl, name: str, caps: dict[str, int], shape: tuple[i
                                     _kv_hint(expr, shape[axis], groups) or "the shape contradicts the declared dimensions; check dims and groups"))
             ok = False
             continue
-        bindings.append(AxisBinding(axis, tuple(segments)))
+        layout = None
+        if expr.heads is not None:
+            layout = _head_major(expr, name, sizes, dims or {}, loc, diags)
+            if layout is None:
+                ok = False
+                continue
+        bindings.append(AxisBinding(axis, tuple(segments), layout))
     if not ok:
         return None
     return ParamBinding(name, tuple(shape), tuple(bindings), decl.loc)
+
+
+def _head_major(expr: Any, name: str, sizes: list[int], dims: Mapping[str, int], loc: Location,
+                diags: list[Diagnostic]) -> HeadMajor | None:
+    """The index map of ``cat(..., heads=H)``: every part splits into H equal head slices."""
+    heads = expr.heads if isinstance(expr.heads, int) else dims.get(expr.heads)
+    if heads is None:  # an unknown or failed dimension is reported where it is declared
+        diags.append(Diagnostic(loc, f"{name}: '{expr}': the dimension '{expr.heads}' has no value"))
+        return None
+    if heads < 1 or any(s % heads for s in sizes):
+        diags.append(Diagnostic(loc, f"{name}: '{expr}': parts of sizes {', '.join(map(str, sizes))} do not split into "
+                                     f"heads={expr.heads} ({heads}) equal head slices",
+                                "heads= counts the blocks of the stored layout: each part holds one slice per block"))
+        return None
+    return HeadMajor(heads, tuple(s // heads for s in sizes))
 
 
 def _kv_hint(expr: Any, size: int, groups: Mapping[str, Group]) -> str | None:
@@ -320,7 +421,7 @@ def _transform_signature(pb: ParamBinding | None, spaces: Mapping[str, SpaceInst
                     v = "co"
                 fs.append((f.space, f.path, v))
             segs.append((s.start, s.size, tuple(fs)))
-        out.append((a.axis, tuple(segs)))
+        out.append((a.axis, tuple(segs), a.layout))
     return tuple(out)
 
 
@@ -343,7 +444,8 @@ def _check_tie(names: tuple[str, ...], params: Mapping[str, ParamBinding], space
 
 
 def _bind_steps(steps: tuple[StepDecl, ...], tensors: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]],
-                ties: list[tuple[str, ...]], diags: list[Diagnostic]) -> tuple[CanonOp, ...]:
+                ties: list[tuple[str, ...]], diags: list[Diagnostic], hint: _HintBudget | None = None) -> tuple[CanonOp, ...]:
+    hint = hint or _HintBudget()
     out: list[CanonOp] = []
     untied: set[str] = set()
     tie_of = {n: g for g in ties for n in g}
@@ -355,26 +457,26 @@ def _bind_steps(steps: tuple[StepDecl, ...], tensors: Mapping[str, torch.Tensor]
             diags.append(Diagnostic(loc, f"{what} changes {name}, which is tied to {others}; that would untie them",
                                     f"declare '- untie: {name}' before this step"))
 
-    for step in steps:
+    for step_index, step in enumerate(steps):
         args = step.as_dict()
         if step.kind == "untie":
             names = _expand_simple(args["param"], tensors)
             if not names:
-                diags.append(Diagnostic(step.loc, f"untie: '{args['param']}' matches no parameter", suggest(args["param"], tensors)))
+                diags.append(Diagnostic(step.loc, f"untie: '{args['param']}' matches no parameter", hint(args["param"], tensors)))
             for n in names:
                 if n not in tie_of:
                     diags.append(Diagnostic(step.loc, f"untie: {n} is not declared tied to anything"))
                 untied.add(n)
-                out.append(CanonOp("untie", {"param": n}, step.loc))
+                out.append(CanonOp("untie", {"param": n}, step.loc, step_index))
         elif step.kind == "fold_norm":
             rx = template_regex(args["gain"])
             found = [(n, {k: int(v) for k, v in m.groupdict().items()}) for n in tensors if (m := rx.fullmatch(n))]
             if not found:
-                diags.append(Diagnostic(step.loc, f"fold_norm: '{args['gain']}' matches no parameter", suggest(fill(args["gain"], {c: 0 for c in captures_of(args["gain"])}), tensors)))
+                diags.append(Diagnostic(step.loc, f"fold_norm: '{args['gain']}' matches no parameter", hint(fill(args["gain"], {c: 0 for c in captures_of(args["gain"])}), tensors)))
             for gain, caps in found:
                 bias = fill(args["bias"], caps) if args.get("bias") else None
                 if bias is not None and bias not in tensors:
-                    diags.append(Diagnostic(step.loc, f"fold_norm: no parameter {bias}", suggest(bias, tensors)))
+                    diags.append(Diagnostic(step.loc, f"fold_norm: no parameter {bias}", hint(bias, tensors)))
                     continue
                 n = shapes[gain]
                 if len(n) != 1:
@@ -385,14 +487,14 @@ def _bind_steps(steps: tuple[StepDecl, ...], tensors: Mapping[str, torch.Tensor]
                     w = fill(r["weight"], caps)
                     rb = fill(r["bias"], caps) if r.get("bias") else None
                     if w not in tensors:
-                        diags.append(Diagnostic(step.loc, f"fold_norm: no parameter {w}", suggest(w, tensors)))
+                        diags.append(Diagnostic(step.loc, f"fold_norm: no parameter {w}", hint(w, tensors)))
                         continue
                     ax = r["axis"]
                     if not -len(shapes[w]) <= ax < len(shapes[w]) or shapes[w][ax] != n[0]:
                         diags.append(Diagnostic(step.loc, f"fold_norm: axis {ax} of {w} (shape {list(shapes[w])}) does not have the norm's size {n[0]}"))
                         continue
                     if rb is not None and rb not in tensors:
-                        diags.append(Diagnostic(step.loc, f"fold_norm: no parameter {rb}", suggest(rb, tensors)))
+                        diags.append(Diagnostic(step.loc, f"fold_norm: no parameter {rb}", hint(rb, tensors)))
                         continue
                     if rb is not None:
                         want = tuple(s for k, s in enumerate(shapes[w]) if k != ax % len(shapes[w]))
@@ -408,20 +510,23 @@ def _bind_steps(steps: tuple[StepDecl, ...], tensors: Mapping[str, torch.Tensor]
                         touches_tie(rb, step.loc, "fold_norm")
                     readers.append({"weight": w, "axis": ax % len(shapes[w]), "bias": rb})
                 touches_tie(gain, step.loc, "fold_norm")
-                out.append(CanonOp("fold_norm", {"gain": gain, "bias": bias, "fold_bias": bool(args.get("fold_bias", True)), "into": readers}, step.loc))
+                op_args = {"gain": gain, "bias": bias, "fold_bias": bool(args.get("fold_bias", True)), "into": readers}
+                if args.get("gain_offset"):  # only when set: records of plain folds stay as they were
+                    op_args["gain_offset"] = args["gain_offset"]
+                out.append(CanonOp("fold_norm", op_args, step.loc, step_index))
         elif step.kind == "center":
             writers = []
             for template, axis in args["writers"].items():
                 names = _expand_simple(template, tensors)
                 if not names:
-                    diags.append(Diagnostic(step.loc, f"center: '{template}' matches no parameter", suggest(fill(template, {c: 0 for c in captures_of(template)}), tensors)))
+                    diags.append(Diagnostic(step.loc, f"center: '{template}' matches no parameter", hint(fill(template, {c: 0 for c in captures_of(template)}), tensors)))
                 for n in names:
                     if not -len(shapes[n]) <= axis < len(shapes[n]):
                         diags.append(Diagnostic(step.loc, f"center: {n} has no axis {axis} (shape {list(shapes[n])})"))
                         continue
                     touches_tie(n, step.loc, "center")
                     writers.append({"param": n, "axis": axis % len(shapes[n])})
-            out.append(CanonOp("center", {"writers": writers}, step.loc))
+            out.append(CanonOp("center", {"writers": writers}, step.loc, step_index))
         else:  # pragma: no cover - validated at load
             diags.append(Diagnostic(step.loc, f"unknown step {step.kind}"))
     return tuple(out)

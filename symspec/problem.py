@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import attrs
+import torch
 
 from .errors import Location
 from .groups import Group
@@ -49,12 +50,105 @@ class Segment:
 
 
 @attrs.frozen
+class HeadMajor:
+    """The storage order of a concatenated axis laid out per head, ``cat(q, k, v, heads=H)``:
+    an explicit, invertible index map.
+
+    Segments and groups see the *concatenated* order: the parts one after the other, part
+    p holding its ``heads`` slices of width ``widths[p]`` one after the other (what
+    ``cat(q, k, v)`` means). The tensor stores the heads first: block h, of width
+    ``W = sum(widths)``, holds head h's slice of every part in order
+    (``[h0: q k v][h1: q k v]...``, GPT-NeoX's query_key_value). ``forward`` maps a
+    concatenated index to its storage index, ``reverse`` maps it back.
+
+    >>> m = HeadMajor(2, (1, 1, 2))   # storage [h0: q k v v][h1: q k v v]
+    >>> [m.forward(i) for i in range(m.size)]
+    [0, 4, 1, 5, 2, 3, 6, 7]
+    >>> all(m.reverse(m.forward(i)) == i for i in range(m.size))
+    True
+    """
+
+    heads: int
+    widths: tuple[int, ...]
+
+    def __attrs_post_init__(self) -> None:
+        if self.heads < 1 or not self.widths or min(self.widths) < 1:
+            raise ValueError(f"a head-major layout needs heads >= 1 and positive widths, got {self.heads}, {self.widths}")
+
+    @property
+    def block(self) -> int:
+        """The width of one head's block in storage."""
+        return sum(self.widths)
+
+    @property
+    def size(self) -> int:
+        return self.heads * self.block
+
+    def forward(self, i: int) -> int:
+        """The storage index of concatenated index ``i``."""
+        if not 0 <= i < self.size:
+            raise IndexError(f"index {i} outside an axis of size {self.size}")
+        offset = 0
+        for w in self.widths:
+            if i < self.heads * w:
+                h, r = divmod(i, w)
+                return h * self.block + offset + r
+            i -= self.heads * w
+            offset += w
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def reverse(self, s: int) -> int:
+        """The concatenated index stored at ``s``."""
+        if not 0 <= s < self.size:
+            raise IndexError(f"index {s} outside an axis of size {self.size}")
+        h, t = divmod(s, self.block)
+        start = 0
+        for w in self.widths:
+            if t < w:
+                return start + h * w + t
+            t -= w
+            start += self.heads * w
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def index(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """``forward`` of every concatenated index, at once: ``x.index_select(0, index())``
+        reads a stored axis in concatenated order."""
+        parts, offset = [], 0
+        for w in self.widths:
+            heads = torch.arange(self.heads, device=device)[:, None] * self.block
+            parts.append((heads + offset + torch.arange(w, device=device)[None, :]).reshape(-1))
+            offset += w
+        return torch.cat(parts)
+
+    def to_concat(self, x: torch.Tensor) -> torch.Tensor:
+        """Axis 0 of ``x`` from storage to concatenated order."""
+        return x.index_select(0, self.index(x.device))
+
+    def to_storage(self, x: torch.Tensor) -> torch.Tensor:
+        """Axis 0 of ``x`` from concatenated to storage order (undoes :meth:`to_concat`)."""
+        return x.index_select(0, torch.argsort(self.index(x.device)))
+
+    def take(self, x: torch.Tensor, segment: Segment) -> torch.Tensor:
+        """A segment (concatenated order) of axis 0 of a stored ``x``."""
+        return x.index_select(0, self.index(x.device)[segment.start : segment.stop])
+
+
+def take_segment(x: torch.Tensor, segment: Segment, layout: HeadMajor | None) -> torch.Tensor:
+    """A segment of axis 0 of a stored tensor: a slice, or its positions under a layout."""
+    return x[segment.start : segment.stop] if layout is None else layout.take(x, segment)
+
+
+@attrs.frozen
 class AxisBinding:
     axis: int
     segments: tuple[Segment, ...]
+    #: how the concatenated segments are stored (None: one after the other)
+    layout: HeadMajor | None = None
 
     def __str__(self) -> str:
         segs = [" @ ".join(str(f) for f in s.factors) for s in self.segments]
+        if self.layout is not None:
+            segs.append(f"heads={self.layout.heads}")
         return f"cat({', '.join(segs)})" if len(segs) > 1 else segs[0]
 
 
@@ -88,10 +182,16 @@ class Incidence:
     axis: int
     segment: Segment
     position: int
+    #: the axis's storage layout (a segment is then not a slice)
+    layout: HeadMajor | None = None
 
     @property
     def factor(self) -> Factor:
         return self.segment.factors[self.position]
+
+    def take(self, moved: torch.Tensor) -> torch.Tensor:
+        """The segment of a tensor whose axis ``self.axis`` was moved to the front."""
+        return take_segment(moved, self.segment, self.layout)
 
 
 @attrs.frozen
@@ -110,7 +210,7 @@ class Problem:
                 for s in a.segments:
                     for i, f in enumerate(s.factors):
                         if f.space == space:
-                            yield Incidence(p.name, a.axis, s, i)
+                            yield Incidence(p.name, a.axis, s, i, a.layout)
 
     def params_of(self, space: str) -> list[str]:
         return [p.name for p in self.params.values() if space in p.spaces()]

@@ -19,7 +19,7 @@ from symspec.testing import assert_invariant, assert_not_invariant
 from symspec.transforms import canonicalize_model
 from tests.zoo import ZOO, variant
 
-FAMILIES = ["gpt2", "llama", "llama_tied", "qwen2", "opt", "bert", "hf_vit", "timm_vit"]
+FAMILIES = ["gpt2", "llama", "llama_tied", "qwen2", "opt", "bert", "hf_vit", "timm_vit", "gemma", "gpt_neox"]
 
 
 def failed(report: symspec.CheckReport) -> set[str]:
@@ -60,6 +60,8 @@ NEGATIVE = {
     "timm_vit": ([("group: OC(d)", "group: O(d)")], {"resid"}),
     "nanogpt": ([("group: S(f)", "group: O(f)")], {"ff[*]"}),  # gelu does not commute with rotations
     "vit": ([("resid: OC(d)", "resid: O(d)")], {"resid"}),
+    "gemma": ([("qk=RoPE(dh)", "qk=GL(dh)")], {"attn[*]"}),
+    "gpt_neox": ([("group: OC(d)", "group: O(d)")], {"resid"}),
 }
 
 

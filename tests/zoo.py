@@ -180,4 +180,31 @@ def timm_vit(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4
     return model.eval(), torch.randn(2, 3, 8, 8, generator=g)
 
 
+@entry("gemma")
+def gemma(seed: int = 0, n_layer: int = 2, n_head: int = 4, n_kv: int = 2, head_dim: int = 4, n_ff: int = 12, vocab: int = 23,
+          **kw: Any) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = _llama_config(transformers.GemmaConfig, seed, n_layer, n_head, n_kv, head_dim, n_ff, vocab, **kw)
+    cfg.head_dim = head_dim  # Gemma's config defaults it to 256, not hidden_size / heads
+    model = _hf(transformers.GemmaForCausalLM(cfg), seed)  # tied embeddings (Gemma's default)
+    return model, {**_tokens(model, 2, 8, seed, pad=True), "use_cache": False}
+
+
+@entry("gpt_neox")
+def gpt_neox(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, rotary: int = 2, n_ff: int = 12, vocab: int = 23,
+             **kw: Any) -> tuple[torch.nn.Module, Any]:
+    """``rotary`` dims of each head rotate (all of them when the head is smaller): partial
+    rotary at the default sizes, as in Pythia (rotary_pct 0.25)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.GPTNeoXConfig(num_hidden_layers=n_layer, num_attention_heads=n_head, hidden_size=n_head * head_dim,
+                                     intermediate_size=n_ff, vocab_size=vocab, max_position_embeddings=32,
+                                     rotary_pct=min(rotary, head_dim) / head_dim, bos_token_id=0, eos_token_id=0, **kw)
+    model = _hf(transformers.GPTNeoXForCausalLM(cfg), seed)
+    return model, {**_tokens(model, 2, 8, seed, pad=True), "use_cache": False}
+
+
 __all__ = ["ZOO", "entry", "example", "sys"]

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import yaml
 
+#: how errors cite a built-in spec (``builtin:gpt2:14:5: ...``): its file is inside the
+#: installed package, not at the repository's specs/ path a user would look for
+BUILTIN_PREFIX = "builtin:"
+
 
 def _root() -> Path:
     return Path(str(resources.files("symspec.specs")))

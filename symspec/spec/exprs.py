@@ -18,6 +18,11 @@ from typing import Any
 import attrs
 
 FUNCTIONS = ("shape", "first", "min", "max", "attr")
+#: the longest expression text accepted: Python's parser, and the walkers here, recurse
+#: once per operator, and a long chain (1+1+...+1) exhausts the stack
+MAX_EXPR_CHARS = 1000
+#: the deepest expression tree accepted (validation and evaluation recurse per level)
+MAX_EXPR_DEPTH = 100
 
 
 class ExprError(Exception):
@@ -34,13 +39,78 @@ def parse_expr(text: str | int) -> ast.expr:
     if isinstance(text, int):
         return ast.Constant(text)
     if not isinstance(text, str):
-        raise ExprError(f"expected an integer expression, got {text!r}")
+        raise ExprError(f"expected an integer expression, got {_short(repr(text))}")
+    node = parse_python_expr(text)
+    _validate(node)
+    return node
+
+
+def parse_python_expr(text: str) -> ast.expr:
+    """``text`` parsed as a Python expression, within :data:`MAX_EXPR_CHARS` and
+    :data:`MAX_EXPR_DEPTH` (group expressions are parsed with this too)."""
+    if len(text) > MAX_EXPR_CHARS:
+        raise ExprError(f"the expression is {len(text):,} characters long; at most {MAX_EXPR_CHARS:,} are accepted")
     try:
         node = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as e:
-        raise ExprError(f"cannot parse '{text}': {e.msg}") from None
-    _validate(node)
+        raise ExprError(f"cannot parse '{_short(text)}': {e.msg}") from None
+    except (RecursionError, MemoryError):  # the parser's own limits on nesting
+        raise ExprError(f"'{_short(text)}' nests too deeply to parse") from None
+    stack = [(node, 1)]
+    while stack:  # iteratively: the depth limit is what keeps the recursive walkers safe
+        sub, depth = stack.pop()
+        if depth > MAX_EXPR_DEPTH:
+            raise ExprError(f"'{_short(text)}' nests deeper than {MAX_EXPR_DEPTH} levels")
+        stack.extend((c, depth + 1) for c in ast.iter_child_nodes(sub))
     return node
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def static_errors(node: ast.expr) -> list[str]:
+    """What is wrong with a parsed expression whatever the model: a division by a literal
+    zero (``d // 0``, ``d % (2 - 2)``), a literal ``/`` that does not divide (``7 / 2``).
+    Validation reports these without a model; binding would find them only later.
+
+    >>> static_errors(parse_expr("config.n_embd // (2 - 2)"))
+    ["'config.n_embd // (2 - 2)': division by zero"]
+    >>> static_errors(parse_expr("d / H")), static_errors(parse_expr('shape("w", 0) // 2'))
+    ([], [])
+    """
+    literal = DimContext()
+    out: list[str] = []
+    names = {id(sub.args[0]) for sub in ast.walk(node)
+             if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in ("shape", "attr") and sub.args}
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and id(sub) not in names:
+            out.append(f"{_short(ast.unparse(sub))} is a string, not a number (quoted names belong in shape() and attr())")
+        if not isinstance(sub, ast.BinOp):
+            continue
+        if _is_literal(sub):
+            try:
+                literal.evaluate(sub)
+            except ExprError as e:
+                out.append(str(e))
+        elif isinstance(sub.op, (ast.Div, ast.FloorDiv, ast.Mod)) and _is_literal(sub.right):
+            try:
+                divisor = literal.evaluate(sub.right)
+            except ExprError:  # reported at the literal itself
+                continue
+            if divisor == 0:
+                out.append(f"'{ast.unparse(sub)}': division by zero")
+    return list(dict.fromkeys(out))
+
+
+def _is_literal(node: ast.expr) -> bool:
+    """Whether ``node`` reads nothing from a model: integers, operators, min/max/first."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) or (isinstance(sub, ast.Constant) and not isinstance(sub.value, int)):
+            return False
+        if isinstance(sub, ast.Call) and not (isinstance(sub.func, ast.Name) and sub.func.id in ("min", "max", "first")):
+            return False
+    return not names_in(node)
 
 
 _BINOPS: dict[type, Callable[[int, int], int]] = {

@@ -17,7 +17,7 @@ from ..errors import SpecError, suggest
 from ..groups import REGISTRY, Group
 from ..groups import parse as parse_group
 from ..groups.base import ALIASES
-from .exprs import ExprError, parse_expr
+from .exprs import ExprError, parse_expr, parse_python_expr, static_errors
 from .model import (
     AxisExpr,
     AxisSyntaxError,
@@ -30,7 +30,7 @@ from .model import (
     parse_axis,
 )
 from .steps import validate_step
-from .yamlsrc import KeyPath, Source, load_source
+from .yamlsrc import KeyPath, Source, decode_spec, load_source, spec_error
 
 FORMAT_VERSION = 1
 TOP_KEYS = ("symspec", "name", "description", "models", "dims", "spaces", "params", "ties", "canonicalize")
@@ -43,30 +43,41 @@ def loads_spec(text: str, file: str = "<string>") -> Spec:
     src = load_source(text, file)
     spec = _structure(src)
     if src.diagnostics or spec is None:
-        raise SpecError(src.diagnostics, headline=f"{file}: {len(src.diagnostics)} error(s) in spec")
+        raise spec_error(file, src.diagnostics)
     return spec
 
 
 def load_spec(source: str | Path) -> Spec:
     """Load a spec from a file path, or a built-in spec by name (see ``symspec specs``).
+    Errors in a built-in spec cite it as ``builtin:NAME:LINE:COL`` (its file lives
+    inside the installed package, at :func:`~symspec.spec.builtin_path`).
 
     >>> load_spec("nanogpt").name
     'nanogpt'
+    >>> load_spec("nanogpt").source
+    'builtin:nanogpt'
     """
-    from .builtin import builtin_names, builtin_path
+    from .builtin import BUILTIN_PREFIX, builtin_names, builtin_path
 
     p = Path(source)
-    if p.suffix in (".yaml", ".yml") or p.exists():
+    # a folder is never a spec: one named like a built-in spec (a model folder 'llama' in
+    # the working folder) does not hide that spec
+    folder_named_builtin = p.is_dir() and builtin_path(str(source)) is not None
+    if not folder_named_builtin and (p.suffix in (".yaml", ".yml") or p.exists()):
         if not p.exists():
             raise SpecError([], headline=f"{source}: no such spec file")
         if p.is_dir():
             raise SpecError([], headline=f"{source}: is a folder, not a spec file")
-        return loads_spec(p.read_text(encoding="utf-8"), str(source))
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise SpecError([], headline=f"{source}: cannot read the spec file: {e.strerror or e}") from None
+        return loads_spec(decode_spec(data, str(source)), str(source))
     path = builtin_path(str(source))
     if path is None:
         hint = suggest(str(source), builtin_names())
         raise SpecError([], headline=f"'{source}' is neither a spec file nor a built-in spec" + (f"; {hint}" if hint else f"; built-in: {', '.join(builtin_names())}"))
-    return loads_spec(path.read_text(encoding="utf-8"), f"specs/{path.name}")
+    return loads_spec(path.read_text(encoding="utf-8"), f"{BUILTIN_PREFIX}{path.stem}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -102,7 +113,7 @@ def _structure(src: Source) -> Spec | None:
         return None
     for key in data:
         if key not in TOP_KEYS:
-            src.error((key,), f"unknown key '{key}'", suggest(str(key), TOP_KEYS), at_key=True)
+            src.error((key,), f"unknown key '{key}'", src.suggest(str(key), TOP_KEYS), at_key=True)
     version = data.get("symspec")
     if version is None:
         src.error((), f"missing 'symspec: {FORMAT_VERSION}' (the format version)")
@@ -124,7 +135,11 @@ def _structure(src: Source) -> Spec | None:
         models = []
 
     dims = _dims(src, data.get("dims", {}))
-    dim_names = {d.name for d in dims}
+    # a declared dimension whose expression is wrong is still declared: its uses are not
+    # reported again as unknown
+    raw_dims = data.get("dims")
+    dim_names = {d.name for d in dims} | ({k for k in raw_dims if isinstance(k, str) and k.isidentifier()}
+                                          if isinstance(raw_dims, dict) else set())
     spaces = _spaces(src, data.get("spaces"), dim_names)
     params = _params(src, data.get("params"), {s.name: s for s in spaces}, dim_names)
     ties = _ties(src, data.get("ties", []))
@@ -150,6 +165,9 @@ def _dims(src: Source, raw: Any) -> list[DimDecl]:
         src.error(("dims",), "dims must be a mapping: name -> expression (e.g. d: config.n_embd)")
         return []
     out = []
+    parsed: dict[str, ast.expr] = {}
+    dim_keys = [k for k in raw if isinstance(k, str)]
+    declared = set(raw)
     for name, expr in raw.items():
         path = ("dims", name)
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name == "config":
@@ -160,11 +178,54 @@ def _dims(src: Source, raw: Any) -> list[DimDecl]:
         except ExprError as e:
             src.error(path, str(e))
             continue
-        unknown = {n for n in _names(node)} - set(raw)
+        unknown = _names(node) - declared
         for n in sorted(unknown):
-            src.error(path, f"unknown dimension '{n}'", suggest(n, [k for k in raw if isinstance(k, str)]))
+            src.error(path, f"unknown dimension '{n}'", src.suggest(n, dim_keys))
+        for problem in static_errors(node):
+            src.error(path, problem)
+        parsed[name] = node
         out.append(DimDecl(name, str(expr), src.loc(path)))
+    names = set(parsed)
+    for cycle in _dim_cycles({name: _names(node) & names for name, node in parsed.items()}):
+        ring = [*cycle, cycle[0]] if len(cycle) <= 8 else [*cycle[:4], "...", *cycle[-2:], cycle[0]]
+        size = f" ({len(cycle)} dimensions)" if len(cycle) > 8 else ""
+        src.error(("dims", cycle[0]), "circular dimensions: " + " -> ".join(ring) + size,
+                  "a dimension cannot depend on itself, directly or through others")
     return out
+
+
+def _dim_cycles(deps: dict[str, set[str]]) -> list[list[str]]:
+    """Each cycle of the dependency graph once, starting at its first-declared member
+    (``deps`` in declaration order). Iterative: a spec may declare many dimensions."""
+    order = {name: i for i, name in enumerate(deps)}
+    waiting = {name: len(d) for name, d in deps.items()}
+    readers: dict[str, list[str]] = {name: [] for name in deps}
+    for name, d in deps.items():
+        for dep in d:
+            readers[dep].append(name)
+    ready = [name for name, n in waiting.items() if n == 0]
+    while ready:  # peel off what evaluates; the rest sits on a cycle or depends on one
+        for reader in readers[ready.pop()]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                ready.append(reader)
+    stuck = [name for name in deps if waiting[name] > 0]
+    seen: set[str] = set()
+    cycles = []
+    for start in stuck:  # every stuck name has a stuck dependency: follow them to a repeat
+        path: list[str] = []
+        at: dict[str, int] = {}
+        cur = start
+        while cur not in at and cur not in seen:
+            at[cur] = len(path)
+            path.append(cur)
+            cur = min((d for d in deps[cur] if waiting[d] > 0), key=order.__getitem__)
+        seen.update(path)
+        if cur in at:  # a new cycle (else the walk reached one found before)
+            cycle = path[at[cur]:]
+            first = min(range(len(cycle)), key=lambda i: order[cycle[i]])
+            cycles.append(cycle[first:] + cycle[:first])
+    return cycles
 
 
 def _names(node: ast.expr) -> set[str]:
@@ -180,14 +241,14 @@ def _group_check(src: Source, path: KeyPath, text: Any, dim_names: set[str]) -> 
         src.error(path, f"a group is written like 'S(n)' or 'Heads(H, qk=GL(dh), ov=GL(dh))', got {text!r}")
         return None
     try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as e:
-        src.error(path, f"cannot parse group '{text}': {e.msg}")
+        tree = parse_python_expr(text)
+    except ExprError as e:
+        src.error(path, str(e).replace("cannot parse '", "cannot parse group '", 1))
         return None
     ok = True
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in REGISTRY:
-            hint = suggest(node.func.id, REGISTRY, aliases=ALIASES)
+            hint = src.suggest(node.func.id, REGISTRY, aliases=ALIASES)
             src.error(path, f"unknown group '{node.func.id}'", hint or f"known: {', '.join(sorted(REGISTRY))}")
             ok = False
     if not ok:
@@ -215,7 +276,7 @@ def _group_check(src: Source, path: KeyPath, text: Any, dim_names: set[str]) -> 
             src.error(path, msg)
             return None
     for n in sorted(set(bad_names)):
-        src.error(path, f"unknown dimension '{n}' in group '{text}'", suggest(n, dim_names))
+        src.error(path, f"unknown dimension '{n}' in group '{text}'", src.suggest(n, dim_names))
     if bad_names:
         return None
     # Build with a plausible placeholder to learn the representation paths.
@@ -254,7 +315,7 @@ def _spaces(src: Source, raw: Any, dim_names: set[str]) -> list[SpaceDecl]:
         if isinstance(value, dict):
             for k in value:
                 if k not in ("group", "doc"):
-                    src.error((*path, k), f"a space has no field '{k}'", suggest(str(k), ["group", "doc"]), at_key=True)
+                    src.error((*path, k), f"a space has no field '{k}'", src.suggest(str(k), ["group", "doc"]), at_key=True)
             doc = str(value.get("doc", ""))
             gpath = (*path, "group")
             if "group" not in value:
@@ -290,7 +351,7 @@ def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], dim_names: set[
         if isinstance(value, dict):
             for k in value:
                 if k not in ("axes", "invariant", "doc"):
-                    src.error((*path, k), f"a parameter has no field '{k}'", suggest(str(k), ["axes", "invariant", "doc"]), at_key=True)
+                    src.error((*path, k), f"a parameter has no field '{k}'", src.suggest(str(k), ["axes", "invariant", "doc"]), at_key=True)
             doc = str(value.get("doc", ""))
             if value.get("invariant") is True:
                 if "axes" in value:
@@ -306,7 +367,7 @@ def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], dim_names: set[
             out.append(ParamDecl(pattern, None, True, doc, src.loc(("params", pattern), at_key=True)))
             continue
         if isinstance(value, str):
-            hint = suggest(value, ["invariant"])
+            hint = src.suggest(value, ["invariant"])
             src.error(path, f"expected a list of axes or 'invariant', got '{value}'", hint)
             continue
         if not isinstance(value, list) or not value:
@@ -314,6 +375,7 @@ def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], dim_names: set[
             continue
         axes: list[AxisExpr | None] = []
         locs = []
+        unparsed = False
         for i, item in enumerate(value):
             apath = (*path, i)
             locs.append(src.loc(apath))
@@ -322,12 +384,16 @@ def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], dim_names: set[
             except AxisSyntaxError as e:
                 src.error(apath, f"cannot parse axis '{item}' at column {e.column}: {e}")
                 axes.append(None)
+                unparsed = True
                 continue
             if ax is not None:
                 _check_terms(src, apath, ax, caps, spaces, groups)
+                if isinstance(ax.heads, str) and ax.heads not in dim_names:
+                    src.error(apath, f"'{ax}': unknown dimension '{ax.heads}' in heads=", suggest(ax.heads, dim_names) or (f"dims: {', '.join(sorted(dim_names))}" if dim_names else "declare it under dims"))
             axes.append(ax)
         if all(a is None for a in axes):
-            src.error(path, "no axis is bound to a space; declare the parameter 'invariant' instead")
+            if not unparsed:  # an axis that did not parse is reported already
+                src.error(path, "no axis is bound to a space; declare the parameter 'invariant' instead")
             continue
         out.append(ParamDecl(pattern, tuple(axes), False, doc, src.loc(("params", pattern), at_key=True), tuple(locs)))
     return out
@@ -344,7 +410,7 @@ def _check_terms(src: Source, path: KeyPath, ax: AxisExpr, caps: tuple[str, ...]
     for term in ax.terms():
         decl = spaces.get(term.space)
         if decl is None:
-            src.error(path, f"unknown space '{term.space}'", suggest(term.space, spaces) or (f"declared: {', '.join(spaces)}" if spaces else None))
+            src.error(path, f"unknown space '{term.space}'", src.suggest(term.space, spaces) or (f"declared: {', '.join(spaces)}" if spaces else None))
             continue
         if decl.index and term.index is None:
             src.error(path, f"space '{term.space}' is per layer ({decl.key}); write {term.space}[{decl.index}]")
@@ -356,7 +422,7 @@ def _check_terms(src: Source, path: KeyPath, ax: AxisExpr, caps: tuple[str, ...]
         if group is not None and term.path not in group.rep_paths():
             valid = [".".join(p) for p in group.rep_paths() if p]
             want = ".".join(term.path)
-            src.error(path, f"'{term.ref}': {decl.group} has no representation '{want}'", suggest(want, valid) or (f"valid: {', '.join(valid)}" if valid else "it takes no part name"))
+            src.error(path, f"'{term.ref}': {decl.group} has no representation '{want}'", src.suggest(want, valid) or (f"valid: {', '.join(valid)}" if valid else "it takes no part name"))
 
 
 def _ties(src: Source, raw: Any) -> list[TieDecl]:

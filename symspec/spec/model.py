@@ -11,12 +11,16 @@ Axis expressions say how one axis of a parameter transforms:
   ``attn[i].qk.kv`` is its key/value-head view under grouped-query attention);
 - ``mlp[i] @ up[i]``: a composition, read as matrices: ``up[i]`` acts first;
 - ``cat(attn[i].qk, attn[i].qk*, attn[i].ov)``: the axis is a concatenation (fused qkv);
+- ``cat(attn[i].qk, attn[i].qk*, attn[i].ov, heads=H)``: the same parts laid out per
+  head, ``[h0: q k v][h1: q k v]...`` (GPT-NeoX's query_key_value);
 - ``_``: the axis is untouched.
 
 >>> str(parse_axis("cat(attn[i].qk, attn[i].qk*, attn[i].ov)"))
 'cat(attn[i].qk, attn[i].qk*, attn[i].ov)'
 >>> parse_axis("mlp[i] @ up[i]").segments[0].terms[1].space
 'up'
+>>> parse_axis("cat(attn[i].qk, attn[i].qk*, attn[i].ov, heads=H)").heads
+'H'
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import Location
+from ..errors import Location, suggest
 
 _NOLOC = Location()
 
@@ -72,13 +76,22 @@ class Chain:
         return " @ ".join(str(t) for t in self.terms)
 
 
+#: keyword arguments of ``cat(...)``
+CAT_KEYWORDS = ("heads",)
+
+
 @attrs.frozen
 class AxisExpr:
     segments: tuple[Chain, ...]
     cat: bool = False
+    #: ``cat(..., heads=H)``: the parts are laid out per head (a dimension name or an
+    #: integer): H blocks, each holding one head's slice of every part, in order
+    heads: str | int | None = None
 
     def __str__(self) -> str:
         inner = ", ".join(str(c) for c in self.segments)
+        if self.heads is not None:
+            inner += f", heads={self.heads}"
         return f"cat({inner})" if self.cat else inner
 
     def terms(self) -> list[Term]:
@@ -91,7 +104,7 @@ class AxisSyntaxError(Exception):
         self.column = column
 
 
-_TOKEN = re.compile(r"\s*(?:(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|(?P<int>\d+)|(?P<op>[\[\]().,@*]))")
+_TOKEN = re.compile(r"\s*(?:(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|(?P<int>\d+)|(?P<op>[\[\]().,@*=]))")
 
 
 def _tokenize(text: str) -> list[tuple[str, str, int]]:
@@ -151,12 +164,34 @@ class _Parser:
         if self.peek("cat", "ident") and self.i + 1 < len(self.toks) and self.toks[self.i + 1][1] == "(":
             self.i += 2
             segs = [self.chain()]
+            heads: str | int | None = None
             while self.peek(","):
                 self.i += 1
+                if self.peek(kind="ident") and self.i + 1 < len(self.toks) and self.toks[self.i + 1][1] == "=":
+                    heads = self.keyword()
+                    break  # keywords come last
                 segs.append(self.chain())
             self.take(")", what="')' closing cat(")
-            return AxisExpr(tuple(segs), cat=True)
+            if heads is not None and len(segs) < 2:
+                raise AxisSyntaxError("heads= lays out two or more parts per head; a single part needs no layout", self.toks[self.i - 1][2])
+            return AxisExpr(tuple(segs), cat=True, heads=heads)
         return AxisExpr((self.chain(),))
+
+    def keyword(self) -> str | int:
+        """``heads=H`` (a dimension name) or ``heads=4`` inside ``cat(...)``."""
+        _, key, col = self.take(kind="ident")
+        if key not in CAT_KEYWORDS:
+            hint = suggest(key, CAT_KEYWORDS)
+            raise AxisSyntaxError(f"cat() has no keyword '{key}'" + (f"; {hint}" if hint else f"; keywords: {', '.join(CAT_KEYWORDS)}"), col)
+        self.take("=")
+        kind, value, vcol = self.take(what="a number of heads (a dimension name or an integer)")
+        if kind == "int":
+            if int(value) < 1:
+                raise AxisSyntaxError(f"heads={value}: the number of heads must be positive", vcol)
+            return int(value)
+        if kind != "ident":
+            raise AxisSyntaxError(f"expected a number of heads (a dimension name or an integer), got '{value}'", vcol)
+        return value
 
     def chain(self) -> Chain:
         terms = [self.term()]

@@ -13,7 +13,8 @@ AXIS_DOC = (
     "An axis expression: 'resid' (covariant), 'resid*' (contravariant: an input axis or the dual "
     "side of a pairing), 'abs(resid)', 'ff[i]' (per layer), 'attn[i].qk' (a part of a head group), "
     "'attn[i].qk.kv' (its key/value view), 'a @ b' (composition, b acts first), "
-    "'cat(a, b, c)' (a concatenated axis), or '_' (untouched)."
+    "'cat(a, b, c)' (a concatenated axis), 'cat(a, b, c, heads=H)' (the same parts stored per head, "
+    "[h0: a b c][h1: a b c]...), or '_' (untouched)."
 )
 
 

@@ -7,6 +7,7 @@ Each step kind declares its arguments once; the same declaration validates spec 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from .yamlsrc import KeyPath, Source
 @attrs.frozen
 class Arg:
     name: str
-    type: str  # template | int | bool | string | readers | writers
+    type: str  # template | int | number | bool | string | readers | writers
     required: bool = False
     default: Any = None
     doc: str = ""
@@ -56,9 +57,13 @@ STEPS: dict[str, StepSchema] = {
         StepSchema(
             "fold_norm",
             "Fold a LayerNorm/RMSNorm gain (and bias) into the weights that read the norm's "
-            "output; the norm's gain becomes 1 (and its bias 0).",
+            "output; the norm's gain becomes 1 (and its bias 0). A norm that scales by "
+            "(gain_offset + weight), such as Gemma's RMSNorm (1 + weight), folds that factor "
+            "and its weight becomes 1 - gain_offset (0 for Gemma).",
             (
                 Arg("gain", "template", True, doc="the norm's weight"),
+                Arg("gain_offset", "number", False,
+                    doc="the norm multiplies by (gain_offset + weight); default 0 (1 for Gemma's RMSNorm, x * (1 + w))"),
                 Arg("bias", "template", False, doc="the norm's bias, if it has one"),
                 Arg("fold_bias", "bool", False, True, doc="fold the bias into the readers' biases (else keep it)"),
                 Arg("into", "readers", True, doc="the readers: weight, input axis, bias"),
@@ -122,6 +127,11 @@ def _arg(src: Source, path: KeyPath, a: Arg, value: Any, template_check: Callabl
     if a.type == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             src.error(path, f"expected an integer, got {value!r}")
+            return None
+        return value
+    if a.type == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            src.error(path, f"expected a number, got {value!r}")
             return None
         return value
     if a.type == "bool":
@@ -199,6 +209,8 @@ def _json_type(a: Arg) -> dict[str, Any]:
         return {"type": "string", "description": a.doc}
     if a.type == "int":
         return {"type": "integer", "description": a.doc}
+    if a.type == "number":
+        return {"type": "number", "description": a.doc}
     if a.type == "bool":
         return {"type": "boolean", "description": a.doc}
     if a.type == "readers":

@@ -21,6 +21,8 @@ def transform_tensor(problem: Problem, binding: ParamBinding, x: torch.Tensor,
         if not any(f.space in elements for s in ab.segments for f in s.factors):
             continue
         moved = x.movedim(ab.axis, 0)
+        if ab.layout is not None:  # a head-major axis: act in the concatenated order
+            moved = ab.layout.to_concat(moved)
         pieces = []
         for seg in ab.segments:
             y = moved[seg.start : seg.stop]
@@ -32,6 +34,8 @@ def transform_tensor(problem: Problem, binding: ParamBinding, x: torch.Tensor,
                 y = group.apply(e, y, f.path, f.variance)  # type: ignore[arg-type]
             pieces.append(y)
         moved = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 0)
+        if ab.layout is not None:
+            moved = ab.layout.to_storage(moved)
         x = moved.movedim(0, ab.axis)
     return x
 

@@ -47,7 +47,11 @@ def _untie(op: CanonOp, sd: dict[str, torch.Tensor]) -> None:
 
 @step("fold_norm")
 def _fold_norm(op: CanonOp, sd: dict[str, torch.Tensor]) -> None:
-    gain = sd[op.args["gain"]]
+    stored = sd[op.args["gain"]]
+    # The factor the norm multiplies by: its weight, or (offset + weight) for norms that
+    # store the gain as an offset from it (Gemma's RMSNorm: x * (1 + w)).
+    offset = op.args.get("gain_offset", 0)
+    gain = stored + offset if offset else stored
     bias_name = op.args.get("bias")
     bias = sd[bias_name] if bias_name else None
     fold_bias = op.args.get("fold_bias", True) and bias is not None
@@ -59,13 +63,15 @@ def _fold_norm(op: CanonOp, sd: dict[str, torch.Tensor]) -> None:
             b = sd[r["bias"]]
             sd[r["bias"]] = b + contrib.reshape(b.shape).to(b.dtype)
         sd[r["weight"]] = w * _along(gain.to(w.dtype), ax, w.ndim)
-    sd[op.args["gain"]] = torch.ones_like(gain)
+    # the stored weight that makes the factor 1: 1 - offset (0 for Gemma)
+    sd[op.args["gain"]] = torch.full_like(stored, 1 - offset) if offset else torch.ones_like(stored)
     if fold_bias and bias_name:
         sd[bias_name] = torch.zeros_like(bias)  # type: ignore[arg-type]
     elif bias is not None:
         # The bias stays on the norm: its output must read gain * (n + bias / gain).
         if bool((gain == 0).any()):
-            raise CanonicalizationError(f"cannot fold {op.args['gain']}: it has zero entries and {bias_name} is kept")
+            what = "its factor (gain_offset + weight)" if offset else "it"
+            raise CanonicalizationError(f"cannot fold {op.args['gain']}: {what} has zero entries and {bias_name} is kept")
         sd[bias_name] = bias / gain.to(bias.dtype)  # type: ignore[index]
 
 
