@@ -29,7 +29,16 @@ from .binding import BoundSpec, bind
 from .errors import SymspecInputError
 from .groups import Element
 from .record import TransformRecord
-from .solvers import MatchEvent, Timer, embed, match_weights, parse_restriction, restrict_problem
+from .solvers import (
+    MatchEvent,
+    Timer,
+    embed,
+    match_weights,
+    parse_restriction,
+    restrict_problem,
+    working_dtype,
+)
+from .solvers.weight import LOW_PRECISION, widen
 from .spec.model import Spec
 from .transforms import apply_elements, canonicalize_state_dict
 from .transforms.canonical import untie_module
@@ -173,7 +182,9 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
     :mod:`symspec.solvers.restrict`. ``rounds``/``tol``: at most ``rounds`` rounds of
     coordinate descent, fewer once a round gains less than ``tol`` (relative).
     ``device``: where the dense work runs ("cuda" when present). ``dtype``: the working
-    precision (default: A's). ``progress``: called with a
+    precision (default: A's; float32 for float16 and bfloat16 weights, which are also
+    canonicalised in float32; the state dicts returned keep every input's dtype).
+    ``progress``: called with a
     :class:`~symspec.solvers.MatchEvent` after every solved space and round.
     ``keep_canonical_b=False`` saves one copy of B: its canonical form becomes the working
     copy and then ``aligned_b`` (which then equals the record applied to B up to
@@ -193,13 +204,16 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
     with timer("check"):
         check_finite(sd_a, "A")
         check_finite(sd_b, "B")
+    # float16/bfloat16 weights are canonicalised and matched in float32, and come back in
+    # their own dtype
+    wa, wb = widen(sd_a), widen(sd_b)
     with timer("canonicalize"):
-        ca = canonicalize_state_dict(bound_a, sd_a)
-        cb = canonicalize_state_dict(bound_b, sd_b)
+        ca = canonicalize_state_dict(bound_a, wa)
+        cb = canonicalize_state_dict(bound_b, wb)
     with timer("check"):
         # the entries canonicalisation rewrote (a finite model can overflow when folded)
-        check_finite({k: v for k, v in ca.items() if v is not sd_a.get(k)}, "A (canonical form)")
-        check_finite({k: v for k, v in cb.items() if v is not sd_b.get(k)}, "B (canonical form)")
+        check_finite({k: v for k, v in ca.items() if v is not wa.get(k)}, "A (canonical form)")
+        check_finite({k: v for k, v in cb.items() if v is not wb.get(k)}, "B (canonical form)")
     problem = bound_a.problem
     modes = parse_restriction(groups, problem)
     searched_problem = restrict_problem(problem, modes)
@@ -209,7 +223,7 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
     res = match_weights(searched_problem, ca, cb, rounds=rounds, tol=tol, device=device, dtype=dtype,
                         progress=progress, max_iter=max_iter, greedy_start=greedy_start, timer=timer, own_b=own,
                         lap_workers=lap_workers, overlap=overlap)
-    work_dtype = dtype or next((ca[p].dtype for p in problem.params), torch.float64)
+    work_dtype = dtype or working_dtype(next((ca[p].dtype for p in problem.params), torch.float64))
     elements = {s: embed(problem.spaces[s].group, searched_problem.spaces[s].group, e, work_dtype)
                 for s, e in res.elements.items()}
     with timer("transform"):
@@ -234,6 +248,8 @@ def weight_match(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec 
         meta={"objective": res.history, "rounds": len(res.history) - 1, "converged": res.converged,
               "groups": _mode_text(modes), "dtype": str(work_dtype).removeprefix("torch.")},
     )
+    ca, aligned = _narrow(ca, sd_a), _narrow(aligned, sd_b)
+    cb = _narrow(cb, sd_b) if cb is not None else None
     timings = timer.as_dict()
     timings["total"] = time.perf_counter() - t0
     return MatchResult(bound_a, ca, cb, aligned, elements, record, res.history, timings, res.converged,
@@ -246,8 +262,12 @@ def canonical_module(bound: BoundSpec, model: torch.nn.Module, canonical: Mappin
     :func:`~symspec.transforms.canonicalize_model` returns, without canonicalising again
     and without first copying the old weights."""
     memo: dict[int, Any] = {}
+    # Fresh (uninitialised) storage only for what ``canonical`` overwrites: a buffer in no
+    # state dict (rotary frequencies, Gemma's embedding scale) is copied as it is, else it
+    # would stay uninitialised memory.
+    written = {id(t) for k, t in model.state_dict(keep_vars=True).items() if k in canonical}
     for t in itertools.chain(model.parameters(), model.buffers()):
-        if t.is_floating_point() and id(t) not in memo:
+        if t.is_floating_point() and id(t) in written and id(t) not in memo:
             empty = torch.empty(t.shape, dtype=t.dtype, device=t.device)
             memo[id(t)] = torch.nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
     out = copy.deepcopy(model, memo)
@@ -257,6 +277,16 @@ def canonical_module(bound: BoundSpec, model: torch.nn.Module, canonical: Mappin
     own = out.state_dict()
     out.load_state_dict({k: v for k, v in canonical.items() if k in own}, strict=False)
     return out.eval() if not model.training else out
+
+
+def _narrow(sd: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` with the entries that ``like`` stores in float16/bfloat16 cast back to it."""
+    out = dict(sd)
+    for k, v in sd.items():
+        ref = like.get(k)
+        if ref is not None and ref.dtype in LOW_PRECISION and v.is_floating_point() and v.dtype != ref.dtype:
+            out[k] = v.to(ref.dtype)
+    return out
 
 
 def _to_cpu(e: Element) -> Element:

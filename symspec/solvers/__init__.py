@@ -27,7 +27,7 @@ from .restrict import (
     restrict_problem,
 )
 from .smooth import gauss_newton_gl
-from .weight import MatchEvent, WeightMatchingResult, match_weights, schedule
+from .weight import MatchEvent, WeightMatchingResult, match_weights, schedule, working_dtype
 
 __all__ = [
     "MODES",
@@ -52,4 +52,5 @@ __all__ = [
     "schedule",
     "solver",
     "solver_for",
+    "working_dtype",
 ]

@@ -535,11 +535,14 @@ def solver_for(group: Group) -> SolverEntry:
 
 
 def objective(group: Group, terms: list[Term], element: Element) -> torch.Tensor:
-    """sum_terms w ||a - F(g) b||^2 from the statistics, per batch entry [*batch]."""
+    """sum_terms w ||a - F(g) b||^2 from the statistics, per batch entry [*batch], in
+    float64: its three terms cancel, and in float32 they would leave float32 noise of
+    their size (a negative objective). The statistics are as exact as their own dtype."""
     total: torch.Tensor | None = None
+    f64 = torch.float64
     for t in terms:
-        f = group.matrix(element, t.path, t.variance).to(t.cross().dtype)  # type: ignore[arg-type]
-        val = t.a_sq() - 2 * (f * t.cross()).sum((-1, -2)) + ((f @ t.gram()) * f).sum((-1, -2))
+        f = group.matrix(element, t.path, t.variance).to(f64)  # type: ignore[arg-type]
+        val = t.a_sq().to(f64) - 2 * (f * t.cross().to(f64)).sum((-1, -2)) + ((f @ t.gram().to(f64)) * f).sum((-1, -2))
         total = val if total is None else total + val
     assert total is not None
     return total

@@ -91,18 +91,24 @@ class _Products:
     inv: torch.Tensor | None  # X^-1 (contra terms)
     xg: torch.Tensor | None  # X G_co
     yg: torch.Tensor | None  # X^-T G_contra
+    #: the size of the terms that cancel in f (||a||^2 + 2|<X, C>| + <X G, X>): f's
+    #: rounding error is eps64 of it
+    scale: torch.Tensor
 
 
 def _gl_eval(co: Stats | None, ct: Stats | None, x: torch.Tensor,
              grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, _Products]:
     """f(X), its gradient (when ``grad``) and the products behind them."""
     total = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    scale = torch.zeros_like(total)
     g_out = torch.zeros_like(x) if grad else None
     inv = xg = yg = None
     if co is not None:
         c, g, a = co
         xg = x @ g
-        total = total + a + ((xg - 2 * c) * x).sum((-1, -2))
+        quad, lin = (xg * x).sum((-1, -2)), (c * x).sum((-1, -2))
+        total = total + a + quad - 2 * lin
+        scale = scale + a + quad.abs() + 2 * lin.abs()
         if g_out is not None:
             g_out = g_out + 2 * (xg - c)
     if ct is not None:
@@ -110,10 +116,17 @@ def _gl_eval(co: Stats | None, ct: Stats | None, x: torch.Tensor,
         inv, info = torch.linalg.inv_ex(x)
         y = inv.mT
         yg = y @ g
-        total = torch.where(info == 0, total + a + ((yg - 2 * c) * y).sum((-1, -2)), torch.inf)
+        quad, lin = (yg * y).sum((-1, -2)), (c * y).sum((-1, -2))
+        total = torch.where(info == 0, total + a + quad - 2 * lin, torch.inf)
+        scale = scale + a + quad.abs() + 2 * lin.abs()
         if g_out is not None:
             g_out = g_out - (inv @ (2 * (yg - c)) @ inv).mT
-    return total, g_out, _Products(inv, xg, yg)
+    return total, g_out, _Products(inv, xg, yg, scale)
+
+
+#: a Gauss-Newton problem stops once a step gains no more than this many eps of the
+#: size of the terms that cancel in f (f is accurate to about that, computed in float64)
+GN_ROUNDING = 16.0
 
 
 def gauss_newton_gl(co: Stats, ct: Stats, x0: torch.Tensor, *, max_iter: int = 10,
@@ -126,14 +139,17 @@ def gauss_newton_gl(co: Stats, ct: Stats, x0: torch.Tensor, *, max_iter: int = 1
     ``M = Y G_contra Y^T``, ``S = X G_co X^T`` (Y = X^-T), solved exactly by two symmetric
     eigendecompositions. A backtracking (Armijo) line search on the exact objective makes
     every step decrease f; singular trial points have f = inf and are rejected, so X stays
-    invertible. A problem stops when a step gains less than ``rtol`` (relative). The
-    inverse and the products with the Grams of the accepted point are reused by the
+    invertible. A problem stops when a step gains less than ``rtol`` (relative); a step
+    that gains no more than f's rounding error (``GN_ROUNDING`` eps of the terms that
+    cancel in it) is not taken, and stops it too.
+    The inverse and the products with the Grams of the accepted point are reused by the
     next step.
     """
     x = x0.clone()
     f, grad, pr = _gl_eval(co, ct, x)
     assert grad is not None and pr.inv is not None and pr.xg is not None and pr.yg is not None
-    inv, xg, yg = pr.inv, pr.xg, pr.yg
+    inv, xg, yg, scale = pr.inv, pr.xg, pr.yg, pr.scale
+    eps = torch.finfo(x.dtype).eps
     active = torch.isfinite(f)
     eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
     tiny = torch.finfo(x.dtype).tiny
@@ -150,21 +166,26 @@ def gauss_newton_gl(co: Stats, ct: Stats, x0: torch.Tensor, *, max_iter: int = 1
         t = torch.ones_like(f)
         pending = active & (gd < 0)
         x_new, f_new, g_new = x.clone(), f.clone(), grad.clone()
-        inv_new, xg_new, yg_new = inv.clone(), xg.clone(), yg.clone()
+        inv_new, xg_new, yg_new, scale_new = inv.clone(), xg.clone(), yg.clone(), scale.clone()
         for _ in range(40):
             trial = (eye + t[:, None, None] * e) @ x
             ft, gt, pt = _gl_eval(co, ct, trial)
             assert gt is not None and pt.inv is not None and pt.xg is not None and pt.yg is not None
             ok = pending & torch.isfinite(ft) & (ft <= f + 1e-4 * t * gd)
             x_new[ok], f_new[ok], g_new[ok] = trial[ok], ft[ok], gt[ok]
-            inv_new[ok], xg_new[ok], yg_new[ok] = pt.inv[ok], pt.xg[ok], pt.yg[ok]
+            inv_new[ok], xg_new[ok], yg_new[ok], scale_new[ok] = pt.inv[ok], pt.xg[ok], pt.yg[ok], pt.scale[ok]
             pending &= ~ok
             if not bool(pending.any()):
                 break
             t = torch.where(pending, t * 0.5, t)
-        moved = active & (f_new < f)
         decrease = f - f_new
-        x, f, grad, inv, xg, yg = x_new, f_new, g_new, inv_new, xg_new, yg_new
+        # a step that gains no more than f's rounding error is not taken: its direction
+        # and its gain are noise
+        moved = active & (decrease > GN_ROUNDING * eps * (scale + scale_new))
+        m = moved[:, None, None]
+        x, grad, inv, xg, yg = (torch.where(m, new, old) for new, old in
+                                ((x_new, x), (g_new, grad), (inv_new, inv), (xg_new, xg), (yg_new, yg)))
+        f, scale = torch.where(moved, f_new, f), torch.where(moved, scale_new, scale)
         active = moved & (decrease > rtol * f.abs().clamp_min(tiny))
     return x, f
 

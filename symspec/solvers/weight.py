@@ -152,6 +152,91 @@ def sqdist(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 15) -> float:
     return total
 
 
+#: storage precisions that are matched in float32: CPU linear algebra has no float16 or
+#: bfloat16 SVD, and their 3-digit rounding would be the objective's floor
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def working_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision weights stored in ``dtype`` are matched in: float32 for float16 and
+    bfloat16 (the result is cast back for writing), else ``dtype`` itself.
+
+    >>> working_dtype(torch.bfloat16), working_dtype(torch.float64)
+    (torch.float32, torch.float64)
+    """
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def widen(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` with its float16/bfloat16 entries in float32 (the others as they are), to be
+    canonicalised and matched in float32."""
+    return {k: (v.float() if v.dtype in LOW_PRECISION else v) for k, v in sd.items()}
+
+
+def sqnorm(x: torch.Tensor, chunk: int = 1 << 15) -> float:
+    """||x||^2 accumulated in float64, in chunks (see :func:`sqdist`)."""
+    fx = x.reshape(-1)
+    return math.fsum(float(fx[i : i + chunk].square().sum(dtype=torch.float64)) for i in range(0, fx.numel(), chunk))
+
+
+#: The rounding level of the objective (docs/matching.md, "Precision"). Two values of
+#: one parameter's objective are told apart only when they differ by more than both
+#: their levels together: what the working precision leaves of the difference itself
+#: (``EVAL_ROUNDING`` eps of the value: the difference of two stored weights and its
+#: square are rounded once each) plus what it leaves of the stored transformed weights:
+#: a product of width n rounds every entry by about sqrt(n) eps of its size, so the
+#: weights of B move by ``u = STATE_ROUNDING eps sqrt(width) ||B||`` (width summed over
+#: the parameter's axes) and the objective by ``2 sqrt(v) u / sqrt(numel)`` (random
+#: signs) plus ``u^2``: the floor a planted pair ends on. Measured on planted float32
+#: pairs (d 16 to 64): 17 to 490 eps^2 ||B||^2, where a decision needs more than
+#: 2 u^2 = 2 (d + d) eps^2 ||B||^2 per square weight; STATE_ROUNDING 4 stopped them 10x
+#: above that floor, with real gains left.
+EVAL_ROUNDING = 2.0
+STATE_ROUNDING = 1.0
+
+#: bytes of one float64 block of a static term's exact statistics: the data is
+#: converted a block of columns at a time, never a float64 copy of a whole embedding
+EXACT_BLOCK_BYTES = 1 << 24
+
+
+@attrs.frozen
+class _Exact:
+    """A static term's statistics in float64, for its objective
+    ``||a||^2 - 2 <F, C> + <F G, F>``: with float32 statistics those three large terms
+    cancel to float32 noise (a negative objective, decisions on noise); in float64 the
+    value is exact to ~1e-14 of the terms, below the float32 rounding of the distance."""
+
+    cross: torch.Tensor
+    gram: torch.Tensor
+    rows_sq: torch.Tensor
+    #: products summed per entry (the columns), for the error estimate
+    length: int
+
+    @property
+    def a_sq(self) -> float:
+        return float(self.rows_sq.sum())
+
+
+def _exact_stats(a: torch.Tensor, b: torch.Tensor, w: float) -> _Exact:
+    """``w a b^T``, ``w b b^T`` and ``w ||a_i||^2`` for ``a``, ``b`` [n, m]
+    in float64 (the products of two float32 values are exact in float64), a block of
+    ``EXACT_BLOCK_BYTES`` at a time. Two float64 products where the float32 path had one
+    (C): ~3x its time, once per match (0.44 s -> 1.2 s for a GPT-2 embedding on 2 cores,
+    about the float64 peak)."""
+    n, m = a.shape
+    step = max(256, EXACT_BLOCK_BYTES // (8 * max(n, 1)))
+    cross = torch.zeros(n, n, dtype=torch.float64, device=a.device)
+    gram = torch.zeros(n, n, dtype=torch.float64, device=a.device)
+    rows = torch.zeros(n, dtype=torch.float64, device=a.device)
+    for i in range(0, m, step):
+        x = a[:, i : i + step].to(torch.float64)
+        y = b[:, i : i + step].to(torch.float64)
+        cross.addmm_(x, y.mT)
+        gram.addmm_(y, y.mT)
+        rows += x.square().sum(-1)
+    return _Exact(w * cross, w * gram, w * rows, m)
+
+
 def _weighted_gram(x: torch.Tensor, w: float) -> torch.Tensor:
     return w * (x @ x.mT)
 
@@ -206,19 +291,45 @@ class _Engine:
                 if all(seg.size * seg.size <= numel // pb.shape[pb.axes[0].axis] * seg.size for seg in pb.axes[0].segments):
                     self.static[p] = next(iter(sp))
         self.static_terms: dict[Incidence, StatTerm] = {}
+        # static terms whose objective comes from float64 statistics: a dense action in a
+        # working precision coarser than float64. A cheap action (a permutation) acts on
+        # the data instead, and so does a float64 one: there the statistics' cancellation
+        # (eps64 of ||a||^2) would exceed the float64 rounding of the distance itself.
+        self.exact: dict[Incidence, _Exact] = {}
+        self.eps = torch.finfo(dt).eps
         with ctx.timer("stats"):
             for p, s in self.static.items():
+                exact = not solver_for(problem.spaces[s].group).cheap_apply and self.eps > torch.finfo(torch.float64).eps
                 for inc in self._incs_of(p, s):
                     a = self._segment(self.a[p], inc)
                     b = self._segment(self.b0[p], inc)
                     w = self.weight[p]
+                    if exact:
+                        ex = self.exact[inc] = _exact_stats(a, b, w)
+                        self.static_terms[inc] = StatTerm(
+                            inc.factor.path, inc.factor.variance, ex.cross.to(dt), ex.gram.to(dt), ex.rows_sq.to(dt),
+                            gram_a=functools.partial(_weighted_gram, a, w))
+                        continue
                     self.static_terms[inc] = StatTerm(
                         inc.factor.path, inc.factor.variance, w * (a @ b.mT),
                         functools.partial(_weighted_gram, b, w), w * _row_norms_sq(a),
-                        b_sq=w * torch.linalg.vector_norm(b).square(), gram_a=functools.partial(_weighted_gram, a, w))
+                        gram_a=functools.partial(_weighted_gram, a, w))
+        # what the rounding level of each parameter's objective is made of (see
+        # STATE_ROUNDING): B's squared norm (weight included; no space changes it much)
+        # times the widths of the products acting on the parameter, and its size
+        self.state_sq: dict[str, float] = {}
+        self.numel: dict[str, int] = {}
+        for p in self.weight:
+            pb = problem.params[p]
+            width = sum(max(seg.size for seg in ab.segments) for ab in pb.axes) or 1
+            self.state_sq[p] = (STATE_ROUNDING * self.eps) ** 2 * width * self.weight[p] * sqnorm(self.b0[p])
+            self.numel[p] = max(1, math.prod(pb.shape))
 
         self.cur: dict[str, torch.Tensor] = {}
         self.obj: dict[str, float] = {}
+        #: the error of computing ``obj`` (of its rounding level, the part that is not
+        #: the stored weights' own rounding)
+        self.err: dict[str, float] = {}
         if own_b:
             # B's tensors become the working copy (transformed as we go, never in place):
             # no second copy of B. The caller's dict gives them up (see match_weights).
@@ -265,7 +376,7 @@ class _Engine:
     def _objectives(self) -> None:
         with self.ctx.timer("objective"):
             for p in self.weight:
-                self.obj[p] = self._objective(p, self.elements)
+                self.obj[p], self.err[p] = self._objective(p, self.elements)
 
     def aligned(self) -> dict[str, torch.Tensor]:
         """B transformed by the current elements, one entry per tie representative."""
@@ -297,7 +408,7 @@ class _Engine:
     def _segment(self, x: torch.Tensor, inc: Incidence) -> torch.Tensor:
         """The incidence's segment of ``x``, moved to the front, factors acting after the
         space undone, flattened to [n, m]."""
-        y = x.movedim(inc.axis, 0)[inc.segment.start : inc.segment.stop]
+        y = inc.take(x.movedim(inc.axis, 0))
         y = self._undo_left(y, self._left(inc.segment, inc.position), self.elements)
         return y.reshape(inc.segment.size, -1)
 
@@ -309,6 +420,8 @@ class _Engine:
             if only is not None and not any(f.space == only for seg in ab.segments for f in seg.factors):
                 continue
             moved = x.movedim(ab.axis, 0)
+            if ab.layout is not None:  # a head-major axis: act in the concatenated order
+                moved = ab.layout.to_concat(moved)
             pieces = []
             for seg in ab.segments:
                 y = moved[seg.start : seg.stop]
@@ -327,38 +440,61 @@ class _Engine:
                         y = self._redo_left(y, left, self.elements)
                 pieces.append(y)
             moved = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 0)
+            if ab.layout is not None:
+                moved = ab.layout.to_storage(moved)
             x = moved.movedim(0, ab.axis)
         return x
 
-    def _static_objective(self, p: str, elements: Mapping[str, Element]) -> float:
+    def _static_objective(self, p: str, elements: Mapping[str, Element]) -> tuple[float, float]:
         s = self.static[p]
-        group = self.problem.spaces[s].group
-        if solver_for(group).cheap_apply:
-            # acting on the data costs about what the data does: cheaper than an n x n
-            # action matrix (a head group's is block-permuted, with per-head inverses)
+        incs = self._incs_of(p, s)
+        if not all(inc in self.exact for inc in incs):
+            # acting on the data costs about what the data does for a cheap action (a
+            # head group's n x n matrix is block-permuted, with per-head inverses), and
+            # in float64 only the distance itself is exact to the distance's precision
             x = self._transform(p, self.b0[p], {s: elements[s]})
-            return self.weight[p] * sqdist(self.a[p], x)
-        total = 0.0
-        for inc in self._incs_of(p, s):
+            v = self.weight[p] * sqdist(self.a[p], x)
+            return v, EVAL_ROUNDING * torch.finfo(x.dtype).eps * v
+        group = self.problem.spaces[s].group
+        total = err = 0.0
+        eps64 = torch.finfo(torch.float64).eps
+        for inc in incs:
+            ex = self.exact[inc]
             t = self.static_terms[inc]
-            e = elements[s]
-            f = group.matrix(e, t.path, t.variance).to(t.cross().dtype)  # type: ignore[arg-type]
-            val = t.a_sq().sum() - 2 * (f * t.cross()).sum()
-            if group.is_orthogonal(t.path) and t.variance != "abs" and t.b_sq is not None:
-                val = val + t.b_sq
-            else:
-                val = val + ((f @ t.gram()) * f).sum()
-            total += float(val)
-        return total
+            f = group.matrix(elements[s], t.path, t.variance).to(torch.float64)  # type: ignore[arg-type]
+            # ||F b||^2 = <F G, F> in full: F in a float32 group is orthogonal only to
+            # ~1e-7, so ||b||^2 in its place is off by far more than a planted pair's
+            # whole objective
+            lin = float((f * ex.cross).sum())
+            quad = float(((f @ ex.gram) * f).sum())
+            a_sq = ex.a_sq
+            total += a_sq - 2 * lin + quad
+            # float64 sums of ``length`` products per statistic, then of n^2 entries
+            n = f.shape[-1]
+            err += math.sqrt(ex.length + n * n) * eps64 * (a_sq + 2 * abs(lin) + quad)
+        # exact up to ``err``: a sum of squares below it is zero within its precision
+        return max(total, 0.0), err
 
-    def _objective(self, p: str, elements: Mapping[str, Element], cur: torch.Tensor | None = None) -> float:
+    def _objective(self, p: str, elements: Mapping[str, Element], cur: torch.Tensor | None = None) -> tuple[float, float]:
+        """Parameter ``p``'s objective and the error of computing it."""
         if p in self.static:
             return self._static_objective(p, elements)
         x = self.cur[p] if cur is None else cur
-        return self.weight[p] * sqdist(self.a[p], x)
+        v = self.weight[p] * sqdist(self.a[p], x)
+        return v, EVAL_ROUNDING * torch.finfo(x.dtype).eps * v
+
+    def level(self, p: str, value: float, err: float) -> float:
+        """The rounding level of parameter ``p``'s objective ``value`` (computed with
+        error ``err``): a change smaller than it is rounding noise (see STATE_ROUNDING)."""
+        u2 = self.state_sq[p]
+        return err + 2.0 * math.sqrt(max(value, 0.0) * u2 / self.numel[p]) + u2
 
     def total(self) -> float:
-        return sum(self.obj.values())
+        return math.fsum(self.obj.values())
+
+    def total_level(self) -> float:
+        """The rounding level of :meth:`total`."""
+        return math.fsum(self.level(p, v, self.err[p]) for p, v in self.obj.items())
 
     # -- one space -------------------------------------------------------------------------
     def terms(self, s: str, trusted: set[str] | None = None) -> list[Term]:
@@ -591,8 +727,10 @@ class _Engine:
         return out  # type: ignore[return-value]
 
     def accept(self, news: Mapping[str, Element], force: bool = False) -> bool:
-        """Keep the new elements (a space, or a joint pair: inner space first) if the
-        objective over their parameters does not grow (or ``force``)."""
+        """Keep the new elements (a space, or a joint pair: inner space first) if they
+        lower the objective over their parameters by more than its rounding level (or
+        ``force``): a change within rounding noise is not taken, so it neither moves the
+        weights nor counts as progress."""
         deltas: dict[str, Element] = {}
         for s, new in news.items():
             group = self.problem.spaces[s].group
@@ -615,12 +753,14 @@ class _Engine:
         elems = dict(self.elements)
         self.elements = saved
         with self.ctx.timer("objective"):
-            before = sum(self.obj[p] for p in params)
+            before = math.fsum(self.obj[p] for p in params)
             after = {p: (self._objective(p, elems) if p in self.static else self._objective(p, elems, trial.get(p, self.cur[p]))) for p in params}
-        if not force and not sum(after.values()) <= before:
+            noise = math.fsum(self.level(p, self.obj[p], self.err[p]) + self.level(p, *after[p]) for p in params)
+        if not force and not before - math.fsum(v for v, _ in after.values()) > noise:
             return False
         self.cur.update(trial)
-        self.obj.update(after)
+        for p, (v, e) in after.items():
+            self.obj[p], self.err[p] = v, e
         self.elements = elems
         return True
 
@@ -637,7 +777,8 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
     objective by less than ``tol`` (relative). ``greedy_start``: the first round solves
     each space from the parameters whose other spaces are already solved (kept only if
     that round ends below the starting objective). ``max_iter``: Gauss-Newton steps per
-    GL solve. ``lap_workers``: assignments of one schedule class solved at once (threads).
+    GL solve. ``dtype``: the working precision (default: A's, float32 for float16 and
+    bfloat16). ``lap_workers``: assignments of one schedule class solved at once (threads).
     ``overlap``: batched solves may run beside the statistics (see ``_Engine._overlap``).
     Spaces whose group is ``Id`` are not searched. Elements come back in
     ``problem``'s groups, on ``device``.
@@ -653,7 +794,7 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
     if missing:
         raise SymspecInputError(f"parameter(s) missing from a state dict: {', '.join(missing[:5])}")
     ref = next((sd_a[p] for p in problem.params), None)
-    dt = dtype or (ref.dtype if ref is not None and ref.is_floating_point() else torch.float64)
+    dt = dtype or (working_dtype(ref.dtype) if ref is not None and ref.is_floating_point() else torch.float64)
     if lap_workers < 1:
         raise SymspecInputError(f"lap_workers must be >= 1, got {lap_workers}")
     ctx = SolveContext(device=torch.device(device), dtype=dt, timer=timer or Timer(), max_iter=max_iter,
@@ -667,6 +808,7 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
     units = [s for s in searched if s not in inner]
     classes = schedule(problem, units, {s: {s, t} for s, t in engine.pairs.items()})
     history = [engine.total()]
+    levels = [engine.total_level()]
     say = progress or (lambda e: None)
     say(MatchEvent("start", 0, rounds, total=len(searched), objective=history[0]))
     changed: list[str] = []
@@ -694,9 +836,11 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
                 break
             engine.load(start)
         history.append(engine.total())
+        levels.append(engine.total_level())
         say(MatchEvent("round", r, rounds, done=done, total=len(searched), objective=history[-1]))
         prev, now = history[-2], history[-1]
-        if not changed or prev - now <= tol * max(abs(prev), 1e-300):
+        # a gain within the rounding level of the two values is no gain, whatever ``tol``
+        if not changed or prev - now <= max(tol * abs(prev), levels[-2] + levels[-1], 1e-300):
             converged = True
             break
     aligned = engine.aligned() if own_b else None
