@@ -1,14 +1,14 @@
-"""Small file helpers: outputs are written atomically (a temporary file, then rename),
-and JSON documents keep non-finite numbers as strings."""
+"""Small file helpers: JSON documents keep non-finite numbers as strings. Files are
+written atomically by :func:`symspec.outputs.atomic_write_bytes` (re-exported here),
+with every other output primitive in :mod:`symspec.outputs`."""
 
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
+
+from .outputs import atomic_write_bytes, atomic_write_text
 
 
 def json_safe(x: Any) -> Any:
@@ -27,20 +27,4 @@ def json_safe(x: Any) -> Any:
     return x
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+__all__ = ["atomic_write_bytes", "atomic_write_text", "json_safe"]

@@ -47,6 +47,7 @@ import torch
 
 from .errors import SymspecInputError
 from .io_util import json_safe
+from .outputs import FolderLock, Target, clear_folder, publish
 from .record import TransformRecord
 from .universe_workers import (
     RunConfig,
@@ -99,13 +100,16 @@ Progress = Callable[[UniverseEvent], None]
 @attrs.frozen
 class ModelEntry:
     """One input model: ``name`` as given (a path, or ``model{i}``), ``key`` a unique
-    file-safe name (``03-seed3``), ``format`` of its source (see symspec.loading)."""
+    file-safe name (``03-seed3``), ``format`` of its source (see symspec.loading) and
+    ``dtype``, the one dtype its weights are stored in (None: mixed), which its outputs
+    are written in."""
 
     index: int
     name: str
     key: str
     path: str | None
     format: str
+    dtype: str | None = None
 
 
 @attrs.define
@@ -224,9 +228,17 @@ def expand_models(args: Sequence[str | Path]) -> list[str]:
         if text.startswith("@"):
             listing = Path(text[1:])
             try:
-                lines = listing.read_text().splitlines()
+                raw = listing.read_bytes()
             except OSError as e:
                 raise UniverseError(f"{text}: cannot read the list of models ({e.strerror or e})") from None
+            try:
+                content = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UniverseError(f"{text}: not a text list of model paths (byte {e.start} is not UTF-8; "
+                                    "is it a model rather than a list?)") from None
+            if "\0" in content:  # a path cannot hold NUL (os calls refuse it): binary data
+                raise UniverseError(f"{text}: not a text list of model paths (it holds NUL bytes; is it a model rather than a list?)")
+            lines = content.splitlines()
             entries = [ln.split("#", 1)[0].strip() for ln in lines]
             entries = [e if Path(e).is_absolute() else str(listing.parent / e) for e in entries if e]
             if not entries:
@@ -350,15 +362,28 @@ def _say_align(say: Progress, r: int, rounds: int, n: int, done: int, name: str)
     say(UniverseEvent("align", r, rounds, done, n, name))
 
 
-def _converged(history: list[float], tol: float, floor: float) -> bool:
-    """The last round gained less than ``tol`` (relative), or the objective is at the
-    rounding level of the working precision (``floor``: eps * n * ||U||^2)."""
+def _converged(history: list[float], tol: float, floor: float, noise: float = 0.0) -> bool:
+    """The last round gained less than ``tol`` (relative) or no more than ``noise`` (the
+    rounding error of the two values: no decision is taken on rounding noise), or the
+    objective is at the rounding level of the working precision (``floor``: eps * n *
+    ||U||^2)."""
     prev, now = history[-2], history[-1]
-    return now <= floor or prev - now <= tol * max(prev, 1e-300)
+    return now <= floor or prev - now <= max(tol * max(prev, 1e-300), noise)
 
 
-def _stop(history: list[float], rounds_done: list[dict[str, Any]], rounds: int, tol: float) -> bool:
-    return bool(rounds_done) and (len(rounds_done) >= rounds or _converged(history, tol, rounds_done[-1]["floor"]))
+def _noise(history: list[float], rounds_done: list[dict[str, Any]], eps: float) -> float:
+    """The rounding error of the last two objectives. Each is float64 arithmetic on sums
+    of per-model distances that the working precision (``eps``) computed to about 2 eps
+    of their size (``target_objective``, before the universe's own change is taken off;
+    the first value is such a sum itself)."""
+    now = rounds_done[-1]["target_objective"]
+    prev = rounds_done[-2]["target_objective"] if len(rounds_done) > 1 else history[-2]
+    return 2 * eps * (abs(prev) + abs(now))
+
+
+def _stop(history: list[float], rounds_done: list[dict[str, Any]], rounds: int, tol: float, eps: float = 0.0) -> bool:
+    return bool(rounds_done) and (len(rounds_done) >= rounds
+                                  or _converged(history, tol, rounds_done[-1]["floor"], _noise(history, rounds_done, eps)))
 
 
 # --------------------------------------------------------------------------- the API
@@ -402,7 +427,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
         raise UniverseError(f"universe matching needs at least 2 models, got {len(models)}")
 
     # -- the models: names, existence -----------------------------------------------
-    from .loading import LoadedModel, load_model
+    from .loading import LoadedModel, load_model, source_dtype
 
     width = max(2, len(str(len(models) - 1)))
     entries: list[tuple[str, str | None, Any]] = []
@@ -428,7 +453,8 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
 
     # -- the reference: bound, canonical form ----------------------------------------
     from .binding import BoundSpec, bind
-    from .solvers import parse_restriction, restrict_problem
+    from .solvers import parse_restriction, restrict_problem, working_dtype
+    from .solvers.weight import widen
     from .transforms import canonicalize_model, canonicalize_state_dict
 
     tick = time.perf_counter()
@@ -452,8 +478,11 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
         raise UniverseError(f"{ref_name}: {e}") from e
     modes = parse_restriction(groups, bound.problem)
     searched = restrict_problem(bound.problem, modes)
-    ref_canonical = canonicalize_state_dict(bound, ref_state)
-    work_dtype = dtype or next((ref_canonical[p].dtype for p in bound.problem.params if ref_canonical[p].is_floating_point()), torch.float32)
+    # float16/bfloat16 models are canonicalised and matched in float32 (see working_dtype);
+    # the outputs are written back in each model's own dtype
+    ref_canonical = canonicalize_state_dict(bound, widen(ref_state))
+    work_dtype = dtype or next((working_dtype(ref_canonical[p].dtype) for p in bound.problem.params
+                                if ref_canonical[p].is_floating_point()), torch.float32)
     ref_canonical = {k: (v.to(work_dtype) if v.is_floating_point() else v) for k, v in ref_canonical.items()}
     canonical_model = canonicalize_model(bound, ref_module) if ref_module is not None else None
     if canonical_model is not None and work_dtype != next(iter(canonical_model.parameters())).dtype:
@@ -478,31 +507,42 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
     work = Path(tempfile.mkdtemp(prefix="symspec-universe-")) if workdir is None else Path(workdir)
     keep = (not temporary) if keep_workdir is None else keep_workdir
     run_file = work / "run.json"
-    if not temporary and work.exists() and not run_file.exists() and (not work.is_dir() or any(work.iterdir())):
-        # never write into (or later remove) a folder that is not a work folder of ours
+    if not temporary and os.path.lexists(work) and not work.is_symlink() and not work.is_dir():
         raise UniverseError(f"{work} exists and is not a universe work folder; give an empty or new folder")
-    if run_file.exists():
-        try:
-            same = read_json(run_file).get("fingerprint") == fingerprint
-        except (OSError, ValueError):
-            same = False
-        if same and resume:
-            say(UniverseEvent("note", message=f"resuming the unfinished run in {work}"))
-        else:
-            if resume:
-                say(UniverseEvent("note", message=f"{work} holds a run of other inputs or settings; starting over"))
-            shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
-    write_json(run_file, {"fingerprint": fingerprint, "models": [n for n, _, _ in entries]})
-    cfg_path = work / "run.pkl"
-    with open(cfg_path.with_suffix(".tmp"), "wb") as f:
-        pickle.dump(cfg, f)
-    os.replace(cfg_path.with_suffix(".tmp"), cfg_path)
+    # Two runs on one work folder would destroy each other's files: hold it locked (a
+    # symbolic link planted at its name is refused, never followed)
+    lock = None if temporary else FolderLock(work).acquire()
+    try:
+        if not temporary and not run_file.exists() and any(work.iterdir()):
+            # never write into (or later remove) a folder that is not a work folder of ours
+            raise UniverseError(f"{work} exists and is not a universe work folder; give an empty or new folder")
+        if run_file.exists():
+            try:
+                same = read_json(run_file).get("fingerprint") == fingerprint
+            except (OSError, ValueError):
+                same = False
+            if same and resume:
+                say(UniverseEvent("note", message=f"resuming the unfinished run in {work}"))
+            else:
+                if resume:
+                    say(UniverseEvent("note", message=f"{work} holds a run of other inputs or settings; starting over"))
+                clear_folder(work)  # not rmtree: the lock is held on the folder itself
+        work.mkdir(parents=True, exist_ok=True)
+        write_json(run_file, {"fingerprint": fingerprint, "models": [n for n, _, _ in entries]})
+        cfg_path = work / "run.pkl"
+        with open(cfg_path.with_suffix(".tmp"), "wb") as f:
+            pickle.dump(cfg, f)
+        os.replace(cfg_path.with_suffix(".tmp"), cfg_path)
 
-    keys = [_key(i, width, n) for i, (n, _, _) in enumerate(entries)]
-    formats: list[str] = ["state_dict"] * len(entries)
-    resumed = 0
-    executor = make_executor(jobs, ray, worker_setup, device=str(device), retries=ray_retries)
+        keys = [_key(i, width, n) for i, (n, _, _) in enumerate(entries)]
+        formats: list[str] = ["state_dict"] * len(entries)
+        stored: list[str | None] = [None] * len(entries)  # each source's dtype, to write it back in
+        resumed = 0
+        executor = make_executor(jobs, ray, worker_setup, device=str(device), retries=ray_retries)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     try:
         # -- prepare: every model in canonical form, checked against the reference ------
         tick = time.perf_counter()
@@ -515,6 +555,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
             nonlocal done_count
             done_count += 1
             formats[i] = str(meta.get("format", "state_dict"))
+            stored[i] = meta.get("dtype") or None
             say(UniverseEvent("prepare", done=done_count, total=len(entries), name=entries[i][0]))
 
         for i, (name, path, obj) in enumerate(entries):
@@ -526,7 +567,8 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
             target = canon_dir / f"{keys[i]}.safetensors"
             if i == start:
                 save_tensors(target, ref_canonical)
-                meta = {"ok": True, "format": reference.format if reference is not None else "state_dict"}
+                meta = {"ok": True, "format": reference.format if reference is not None else "state_dict",
+                        "dtype": source_dtype(reference if reference is not None else ref_state)}
             elif path is not None:
                 tasks.append(Task("prepare", i, name, str(cfg_path), source=path, canonical=str(target), done=str(marker)))
                 continue
@@ -550,7 +592,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
                     raise
                 except SymspecInputError as e:
                     raise UniverseError(f"{name}: {e}") from e
-                meta = {"ok": True, "format": getattr(obj, "format", "state_dict")}
+                meta = {"ok": True, "format": getattr(obj, "format", "state_dict"), "dtype": source_dtype(obj)}
             write_json(marker, meta)
             prepared(i, meta)
         failures: list[Result] = []
@@ -578,7 +620,8 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
         align_seconds = 0.0
         # A resumed run continues from the rounds it has done (their files are gone but
         # for the last), even where these settings would have stopped earlier.
-        while not _stop(history, done_rounds, rounds, tol):
+        eps = torch.finfo(work_dtype).eps
+        while not _stop(history, done_rounds, rounds, tol, eps):
             r = len(done_rounds) + 1
             tick = time.perf_counter()
             rdir = _round_dir(work, r)
@@ -627,7 +670,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
                 shutil.rmtree(_round_dir(work, old), ignore_errors=True)
             say(UniverseEvent("round", r, rounds, n, n, objective=history[-1], seconds=seconds))
         timings["rounds"] = align_seconds
-        converged = _converged(history, tol, done_rounds[-1]["floor"])
+        converged = _converged(history, tol, done_rounds[-1]["floor"], _noise(history, done_rounds, eps))
         last = len(done_rounds)
         if merged is None:
             merged = load_tensors(_round_dir(work, last + 1) / "universe.safetensors")
@@ -659,10 +702,12 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
         raise
     finally:
         executor.close()
+        if lock is not None:
+            lock.release()
     if temporary and not keep:
         shutil.rmtree(work, ignore_errors=True)
     timings["total"] = time.perf_counter() - t0
-    model_entries = [ModelEntry(i, n, keys[i], p, formats[i]) for i, (n, p, _) in enumerate(entries)]
+    model_entries = [ModelEntry(i, n, keys[i], p, formats[i], stored[i]) for i, (n, p, _) in enumerate(entries)]
     return UniverseResult(
         bound=bound, models=model_entries, start=start, merged=merged, records=records, history=history,
         rounds=done_rounds, converged=converged, timings=timings, executor=executor.name,
@@ -815,40 +860,46 @@ def output_name(entry: ModelEntry | None, fmt: str, stem: str) -> str:
 def save_outputs(result: UniverseResult, out: str | Path, *, report: Mapping[str, Any] | None = None,
                  overwrite: bool = False, extra: Callable[[Path], None] | None = None,
                  extra_outputs: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Write the run into the folder ``out``, atomically (a temporary sibling, renamed):
+    """Write the run into the folder ``out``, atomically (staged next to it, renamed into
+    place when complete; see :func:`symspec.outputs.publish`):
 
     - ``merged{.pt,.safetensors,/}``: the universe, in the reference's class and format;
     - ``aligned/{key}{ext}``: each model aligned into the universe, in its own format;
     - ``transforms/{key}/transform.{safetensors,json}``: each model's transform record;
     - ``report.json``: ``report`` (default: :meth:`UniverseResult.summary`).
 
-    ``extra(tmp)`` may add files before the rename (``extra_outputs``: their names, listed
-    in the report). Returns the written paths (final names), which the report's
-    ``outputs`` lists too.
+    ``extra(folder)`` may add files before the rename (``extra_outputs``: their names,
+    listed in the report). Returns the written paths (final names), which the report's
+    ``outputs`` lists too. A write that fails (a full disk) raises one
+    :class:`~symspec.errors.SymspecInputError` line and leaves nothing behind.
     """
     from .loading import LoadedModel, save_model
 
     out = Path(out)
-    if out.exists() and not overwrite:
+    if os.path.lexists(out) and not overwrite:
         raise UniverseError(f"{out} exists; refusing to overwrite it (use --overwrite)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the output folder is an ordinary one
     module = result.canonical_model if result.canonical_model is not None else torch.nn.Module()
     written: dict[str, Any] = {"aligned": [], "transforms": []}
-    try:
+
+    def stored(entry: ModelEntry, sd: Mapping[str, torch.Tensor]) -> dict[str, torch.dtype] | None:
+        # every floating-point tensor in the dtype the model was stored in (the universe
+        # works in float32 for float16/bfloat16 models)
+        dt = getattr(torch, entry.dtype, None) if entry.dtype else None
+        return {k: dt for k, v in sd.items() if v.is_floating_point()} if isinstance(dt, torch.dtype) else None
+
+    def fill(tmp: Path) -> None:
         ref_entry = result.models[result.start]
         ref_fmt = result.reference.format if result.reference is not None else ref_entry.format
         name = output_name(ref_entry, ref_fmt, "merged")
-        save_model(LoadedModel(module, Path(ref_entry.path or "merged"), ref_fmt), result.merged, tmp / name, model=module)
+        save_model(LoadedModel(module, Path(ref_entry.path or "merged"), ref_fmt, dtypes=stored(ref_entry, result.merged)),
+                   result.merged, tmp / name, model=module)
         written["merged"] = str(out / name)
         (tmp / "aligned").mkdir()
         for m in result.models:
             fmt = m.format if (m.format != "hf" or result.canonical_model is not None) else "state_dict"
             aname = output_name(m, fmt, m.key)
-            save_model(LoadedModel(module, Path(m.path or m.key), fmt), result.aligned_state(m.index),
+            state = result.aligned_state(m.index)
+            save_model(LoadedModel(module, Path(m.path or m.key), fmt, dtypes=stored(m, state)), state,
                        tmp / "aligned" / aname, model=module)
             written["aligned"].append(str(out / "aligned" / aname))
             result.records[m.index].save(tmp / "transforms" / m.key)
@@ -860,16 +911,8 @@ def save_outputs(result: UniverseResult, out: str | Path, *, report: Mapping[str
         write_json(tmp / "report.json", doc)
         if extra is not None:
             extra(tmp)
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.replace(out, old / "previous")
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    publish([(Target(out, "--out", folder=True), fill)], force=overwrite, flag="--overwrite")
     return written
 
 

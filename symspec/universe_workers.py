@@ -234,13 +234,14 @@ def prepare_state(cfg: RunConfig, name: str, state: Mapping[str, torch.Tensor], 
     """Check a bound model against the reference and return its canonical state in the
     run's dtype (raises SymspecInputError naming the model)."""
     from .match import check_finite
+    from .solvers.weight import widen
     from .transforms import canonicalize_state_dict
 
     problems = bound.problem.differences(cfg.bound.problem, "here", "in the reference")
     if problems:
         raise architecture_error(name, cfg.reference, problems)
     check_finite(state, name)
-    canonical = canonicalize_state_dict(bound, state)
+    canonical = canonicalize_state_dict(bound, widen(state))  # float16/bfloat16: in float32
     check_finite(canonical, f"{name} (canonical form)")
     dtype = getattr(torch, cfg.dtype)
     canonical = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()) for k, v in canonical.items()}
@@ -252,7 +253,7 @@ def prepare_state(cfg: RunConfig, name: str, state: Mapping[str, torch.Tensor], 
 
 def prepare(task: Task, cfg: RunConfig, searched: Any) -> Result:
     from .binding import bind
-    from .loading import load_model
+    from .loading import load_model, source_dtype
 
     try:
         loaded = load_model(task.source, factory=cfg.factory)
@@ -263,7 +264,7 @@ def prepare(task: Task, cfg: RunConfig, searched: Any) -> Result:
     state = {k: v.detach() for k, v in loaded.model.state_dict().items()}
     canonical = prepare_state(cfg, task.name, state, bound)
     save_tensors(task.canonical, canonical)
-    return {"format": loaded.format, "class": type(loaded.model).__name__}
+    return {"format": loaded.format, "class": type(loaded.model).__name__, "dtype": source_dtype(loaded)}
 
 
 def align(task: Task, cfg: RunConfig, searched: Any) -> Result:
@@ -467,6 +468,83 @@ def _ray_entry(task: Task, setup: str | None) -> Result:
     return run_task(task, setup)
 
 
+#: seconds a --ray address gets to accept a connection: ray.init itself retries an
+#: unreachable one for minutes
+RAY_CONNECT_TIMEOUT = 5.0
+
+
+def ray_endpoint(address: str) -> tuple[str, int] | None:
+    """The host and port ``ray.init(address=...)`` connects to: ``HOST:PORT`` (a cluster's
+    GCS; port 6379 when none is given), ``ray://HOST[:PORT]`` (Ray Client; port 10001),
+    ``auto`` with ``RAY_ADDRESS`` set (that address). None when Ray finds or starts the
+    cluster itself (``local``, ``auto`` without ``RAY_ADDRESS``) or for a scheme other
+    than ``ray://``, which is left to Ray.
+
+    >>> ray_endpoint("ray://head:10001"), ray_endpoint("10.0.0.5:6379"), ray_endpoint("local")
+    (('head', 10001), ('10.0.0.5', 6379), None)
+    """
+    from urllib.parse import urlsplit
+
+    addr = address.strip()
+    if addr == "auto":
+        addr = os.environ.get("RAY_ADDRESS", "").strip() or "auto"
+    if addr in ("auto", "local"):
+        return None
+    scheme, sep, rest = addr.partition("://")
+    if not sep:
+        scheme, rest = "", addr
+    elif scheme != "ray":
+        return None
+    try:
+        parts = urlsplit("//" + rest)
+        host, port = parts.hostname, parts.port
+    except ValueError as e:  # a port that is not a number, or out of range
+        raise SymspecInputError(f"--ray {address}: not an address ({e}); give HOST:PORT, ray://HOST:PORT, auto or local") from None
+    if not host:
+        raise SymspecInputError(f"--ray {address}: no host in the address; give HOST:PORT, ray://HOST:PORT, auto or local")
+    return host, port or (10001 if scheme == "ray" else 6379)
+
+
+def _this_machine_ip() -> str | None:
+    """The address other machines reach this one at (a UDP socket's source address for a
+    public destination; nothing is sent), or None offline."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only the routing table is consulted
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
+
+
+def check_ray_address(address: str, timeout: float = RAY_CONNECT_TIMEOUT) -> None:
+    """Raise :class:`SymspecInputError` unless ``address`` (see :func:`ray_endpoint`)
+    accepts a TCP connection within ``timeout`` seconds. ``ray.init`` retries an address
+    that does not answer for minutes before it gives up; this says so in seconds."""
+    import socket
+
+    end = ray_endpoint(address)
+    if end is None:
+        return
+    host, port = end
+    hosts = [host]
+    if host in ("localhost", "127.0.0.1", "::1"):
+        # Ray replaces a loopback address by this machine's own before connecting
+        own = _this_machine_ip()
+        if own is not None and own not in hosts:
+            hosts.append(own)
+    reason = ""
+    for h in hosts:
+        try:
+            with socket.create_connection((h, port), timeout=timeout):
+                return
+        except OSError as e:
+            reason = e.strerror or str(e) or type(e).__name__
+    raise SymspecInputError(f"--ray {address}: cannot reach {host}:{port} ({reason}); check the address and that "
+                            "the Ray cluster is running")
+
+
 class RayExecutor:
     """Ray tasks, at most ``jobs`` in flight (default: the cluster's CPUs).
 
@@ -491,6 +569,8 @@ class RayExecutor:
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
             if address == "local":
                 kw["num_cpus"] = int(jobs or os.cpu_count() or 1)
+            else:
+                check_ray_address(address)
             try:
                 ray.init(address=address, **kw)
             except Exception as e:
@@ -557,9 +637,11 @@ __all__ = [
     "RunConfig",
     "Task",
     "UniverseError",
+    "check_ray_address",
     "load_elements",
     "load_tensors",
     "make_executor",
+    "ray_endpoint",
     "run_task",
     "save_elements",
     "save_tensors",

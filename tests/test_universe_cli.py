@@ -172,7 +172,8 @@ def test_bad_inputs_exit_2_and_write_nothing(files: dict[str, Path]) -> None:
         assert code == 2, (models, stderr)
         assert all(m in stderr for m in messages), stderr
         assert "Traceback" not in stderr and not out.exists() and not list(d.glob(".never*"))
-    code, _, stderr = run("universe", files["seed0"], files["seed1"], "--model", files["model"], "--out", d)
+    (d / "occupied").mkdir(exist_ok=True)
+    code, _, stderr = run("universe", files["seed0"], files["seed1"], "--model", files["model"], "--out", d / "occupied")
     assert code == 2 and "exists; refusing to overwrite it (use --overwrite)" in stderr
     code, _, stderr = run("universe", files["seed0"], files["seed1"], "--model", files["model"], "--out", out,
                           "--groups", "perms")
