@@ -39,6 +39,7 @@ import gzip
 import inspect
 import math
 import struct
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ KINDS = ("text", "mnist", "digits", "hook")
 DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
 #: the usual MNIST normalisation (mean and standard deviation of the training pixels)
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+#: the largest ``size=`` and ``channels=`` options of image data
+MAX_IMAGE_SIZE, MAX_CHANNELS = 1024, 16
 
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 AccuracyFn = Callable[[Any, torch.Tensor], torch.Tensor | float]
@@ -183,7 +186,8 @@ def _detect(head: str) -> str:
     raise DataError(f"--data {head}: cannot tell what this file holds; prefix it with its kind ({known})")
 
 
-def _int_option(src: DataSource, key: str, default: int | None, minimum: int = 1) -> int | None:
+def _int_option(src: DataSource, key: str, default: int | None, minimum: int = 1,
+                maximum: int | None = None) -> int | None:
     if key not in src.options:
         return default
     try:
@@ -192,6 +196,8 @@ def _int_option(src: DataSource, key: str, default: int | None, minimum: int = 1
         raise DataError(f"--data {src}: {key}={src.options[key]!r} is not an integer") from None
     if value < minimum:
         raise DataError(f"--data {src}: {key} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise DataError(f"--data {src}: {key} must be at most {maximum}, got {value}")
     return value
 
 
@@ -291,6 +297,8 @@ def _read_text(path: Path, what: str = "text file") -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
 
 
 def text_data(src: DataSource, model: torch.nn.Module | None, split: str, batch_size: int,
@@ -344,6 +352,8 @@ def read_idx(path: Path) -> torch.Tensor:
                 raw = f.read()
         else:
             raw = path.read_bytes()
+    except zlib.error as e:  # a corrupted deflate stream: not an OSError, unlike a bad gzip header or CRC
+        raise DataError(f"{path}: a corrupted gzip file ({e})") from None
     except (OSError, EOFError) as e:
         raise DataError(f"{path}: cannot be read ({e})") from None
     if len(raw) < 4:
@@ -413,10 +423,12 @@ def _images(src: DataSource, images: torch.Tensor, labels: torch.Tensor, model: 
     if max_samples is not None:
         images, labels = images[:max_samples], labels[:max_samples]
     x = ((images.float() - mean) / std).unsqueeze(1)
-    size = _int_option(src, "size", None)
+    # bounded: every image is resized (and copied per channel) in memory before the
+    # model's own size is compared
+    size = _int_option(src, "size", None, maximum=MAX_IMAGE_SIZE)
     if size is not None and size != x.shape[-1]:
         x = F.interpolate(x, size=(size, size), mode="area" if size < x.shape[-1] else "bilinear")
-    channels = _int_option(src, "channels", None)
+    channels = _int_option(src, "channels", None, maximum=MAX_CHANNELS)
     model_ch = _config_int(model, "channels", "num_channels") if model is not None else None
     channels = channels or model_ch or 1
     if channels != 1:
@@ -447,17 +459,22 @@ def mnist_data(src: DataSource, model: torch.nn.Module | None, split: str, batch
     if len(sets) == 2:
         (_, ti, tl), (_, si, sl) = sets
         if split == "test":
-            return _images(src, read_idx(si), read_idx(sl), model, split, batch_size, max_samples,
+            return _images(src, *_read_pair(si, sl), model, split, batch_size, max_samples,
                            MNIST_MEAN * 255, MNIST_STD * 255, name, presplit=True)
         f = parse_fractions(src)
         sub = DataSource(src.kind, src.arg, {**src.options, "split": f"{f[0]}/{f[1]}/0"}, src.text)
-        return _images(sub, read_idx(ti), read_idx(tl), model, split, batch_size, max_samples,
+        return _images(sub, *_read_pair(ti, tl), model, split, batch_size, max_samples,
                        MNIST_MEAN * 255, MNIST_STD * 255, name)
     _, img, lab = sets[0]
+    return _images(src, *_read_pair(img, lab), model, split, batch_size, max_samples, MNIST_MEAN * 255, MNIST_STD * 255, name)
+
+
+def _read_pair(img: Path, lab: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images [n, rows, cols] and labels [n] from two idx files (both shapes checked)."""
     images, labels = read_idx(img), read_idx(lab)
     if images.dim() != 3 or labels.dim() != 1:
         raise DataError(f"{img}: expected images [n, rows, cols] and labels [n], got {list(images.shape)} and {list(labels.shape)}")
-    return _images(src, images, labels, model, split, batch_size, max_samples, MNIST_MEAN * 255, MNIST_STD * 255, name)
+    return images, labels
 
 
 def digits_data(src: DataSource, model: torch.nn.Module | None, split: str, batch_size: int,
@@ -474,14 +491,31 @@ def digits_data(src: DataSource, model: torch.nn.Module | None, split: str, batc
     return _images(src, images, labels, model, split, batch_size, max_samples, mean, std, "digits")
 
 
+def hooks_module(loaded: Any, factory: str | Path | None = None) -> Any:
+    """The Python module whose ``data``/``loss``/``accuracy`` hooks apply to ``loaded`` (a
+    :class:`~symspec.loading.LoadedModel`): its own model file, else the ``--model`` file
+    ``factory``, else None. Beside Hugging Face folders the ``--model`` file only lends
+    its hooks: it is imported, its ``build()`` is not called."""
+    mf = getattr(loaded, "model_file", None)
+    if mf is not None:
+        return mf.module
+    if factory is None:
+        return None
+    from symspec.loading import import_file
+
+    return import_file(factory)
+
+
 def hook_data(src: DataSource, model: torch.nn.Module | None, split: str, batch_size: int,
               max_samples: int | None, module: Any = None, seed: int = 0) -> EvalData:
     """The model file's own ``data(split, ...)``: an iterable of (inputs, targets) batches."""
     fn = getattr(module, "data", None) if module is not None else None
     if not callable(fn):
-        where = getattr(module, "__file__", None) or "the model"
-        raise DataError(f"--data hook: {where} defines no data(split, ...) function; "
-                        "pass --data text:PATH, mnist:DIR or digits, or add data() to the model file")
+        if module is None:
+            raise DataError("--data hook: no model file to take data(split, ...) from (the models are not model "
+                            "files); pass --model model.py that defines data(), or --data text:PATH, mnist:DIR or digits")
+        raise DataError(f"--data hook: {getattr(module, '__file__', None) or 'the model file'} defines no "
+                        "data(split, ...) function; pass --data text:PATH, mnist:DIR or digits, or add data() to it")
     params = inspect.signature(fn).parameters
     kwargs: dict[str, Any] = {}
     offered = {"batch_size": batch_size, "max_samples": max_samples, "seed": seed, "model": model, **src.options}
@@ -497,8 +531,12 @@ def hook_data(src: DataSource, model: torch.nn.Module | None, split: str, batch_
         batches = _collect_batches(produced, max_samples)
     except DataError:
         raise
-    except Exception as e:
-        raise DataError(f"the model file's data({split!r}) failed: {type(e).__name__}: {e}") from e
+    except (Exception, SystemExit) as e:  # the model file's own code: sys.exit() there is a failure too
+        from symspec.loading import describe_failure, where_in
+
+        origin = getattr(module, "__file__", None)
+        where = where_in(e, origin) if origin else "the model file"
+        raise DataError(f"{where}: data({split!r}) failed: {describe_failure(e)}") from e
     if not batches:
         raise DataError(f"the model file's data({split!r}) gave no batches: the {split} split is empty")
     return EvalData(f"hook:{getattr(module, '__file__', 'model')}", "hook", split, batches, cross_entropy, None, {})
@@ -609,7 +647,7 @@ def check_fits(model: torch.nn.Module, data: EvalData, label: str = "the model")
     try:
         with torch.no_grad():
             out = call_model(model, x)
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         msg = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
         cause = ""
         if data.kind == "text":
@@ -631,7 +669,7 @@ def check_fits(model: torch.nn.Module, data: EvalData, label: str = "the model")
                             f"labels go up to {classes - 1}")
     try:
         value = data.loss(out, y)
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise DataError(f"the loss fails on {data.name} with {label}'s outputs: {type(e).__name__}: {e}") from e
     if not isinstance(value, torch.Tensor) or value.numel() != 1:
         raise DataError(f"loss(output, targets) must return a scalar tensor, got {type(value).__name__}"

@@ -102,12 +102,24 @@ def lerp_state(sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor
 
 
 def functional_names(module: torch.nn.Module) -> tuple[list[str], dict[str, str]]:
-    """The state-dict names ``functional_call`` wants (one per tied tensor) and, for
-    each other name of a tie, the name it is tied to."""
+    """The state-dict names ``functional_call`` swaps in (one per tied tensor) and, for
+    each other name of a tie, the name it is tied to.
+
+    Only the module's state dict counts: a buffer outside it (non-persistent, such as
+    the rotary frequencies of Llama-style models or BERT's position ids) is in no
+    checkpoint and no interpolation, so ``functional_call`` keeps the module's own.
+
+    >>> import torch
+    >>> m = torch.nn.Linear(2, 2)
+    >>> m.register_buffer("scale", torch.ones(1), persistent=False)
+    >>> functional_names(m)
+    (['weight', 'bias'], {})
+    """
     seen: dict[int, str] = {}
     keep: list[str] = []
     alias: dict[str, str] = {}
-    named = list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
+    # keep_vars: the Parameters themselves, so that tied names share one identity
+    named = [(k, v) for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)]
     for name, t in named:
         if id(t) in seen:
             alias[name] = seen[id(t)]
@@ -160,12 +172,9 @@ class PathEvaluator:
         if not data.batches:
             raise PathError(f"{data.name}: the {data.split} split is empty")
         self.module = copy.deepcopy(module).to(self.device, self.dtype).eval()
-        names, alias = functional_names(self.module)
-        # Non-persistent buffers (rotary frequencies, causal masks) are not in state dicts:
-        # functional_call keeps the module's own for them.
-        own = self.module.state_dict()
-        self.names = [k for k in names if k in own]
-        self.alias = {k: v for k, v in alias.items() if k in own and v in own}
+        # Non-persistent buffers (rotary frequencies, causal masks) are not among the
+        # names: functional_call keeps the module's own for them.
+        self.names, self.alias = functional_names(self.module)
         self.data = data.to(self.device, self.dtype)
         self.calls = 0  # batches evaluated (forward passes)
 

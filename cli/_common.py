@@ -15,8 +15,27 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
 
 
+class FiniteFloat(click.FloatRange):
+    """A ``click.FloatRange`` that also refuses ``nan`` and ``inf``: click parses both,
+    and nan passes any range (it compares false with every bound), so ``--alpha nan``
+    once wrote a model whose every weight was NaN."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        rv = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(rv, param, ctx)
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
 def handle_errors(fn: F) -> F:
-    """Map symspec's input errors to exit code 2 with a clean message (no traceback)."""
+    """Map symspec's input errors to exit code 2 with a clean message (no traceback), and
+    Ctrl-C to the shell's convention, exit 130 with one line (outputs were already rolled
+    back by the code that was writing them)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -27,6 +46,9 @@ def handle_errors(fn: F) -> F:
         except SymspecInputError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(EXIT_INPUT)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
 
     return wrapper  # type: ignore[return-value]
 
@@ -75,3 +97,19 @@ def resolve_spec(spec_arg: str | None, model: Any, hint: str | None = None) -> A
     if len(found) > 1:
         raise SymspecInputError(f"several built-in specs fit {cls}: {', '.join(found)}; choose one with --spec")
     return load_spec(found[0])
+
+
+def data_inputs(data_arg: str | None) -> list[str]:
+    """The files or folders a ``--data`` source reads (for the output checks: no output
+    may overwrite them). A source that does not parse names none here; loading it
+    reports the error in its own words."""
+    if not data_arg:
+        return []
+    from symspec.analyzers.data import parse_source
+    from symspec.errors import SymspecInputError
+
+    try:
+        src = parse_source(data_arg)
+    except SymspecInputError:
+        return []
+    return [src.arg] if src.arg else []

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
 
 from ._common import (
     EXIT_OK,
+    data_inputs,
     echo_json,
     handle_errors,
     progress_bar,
@@ -19,6 +21,8 @@ from ._common import (
 )
 
 METHODS = ("none", "weight", "weight-perm")
+#: each point is a full evaluation of the split; more than this is a typo (1e11 once ran out of memory)
+MAX_POINTS = 1001
 
 
 @click.command("barrier")
@@ -33,13 +37,14 @@ METHODS = ("none", "weight", "weight-perm")
               help="Alignment before interpolating: none (vanilla averaging), weight (weight matching with the "
                    "spec's full groups) or weight-perm (permutations only). Repeat to compare methods on one "
                    "report and figure.  [default: none]")
-@click.option("--points", default=11, show_default=True, type=click.IntRange(min=2), metavar="K",
+@click.option("--points", default=11, show_default=True, type=click.IntRange(2, MAX_POINTS), metavar="K",
               help="Evaluated values of λ, evenly spaced from 0 to 1 (both endpoints included).")
 @click.option("--pair", "pairs", multiple=True, nargs=2, metavar="A2 B2",
               help="Another pair of the same architecture (repeatable): barriers are then reported as mean ± standard error.")
 @click.option("--model", "factory", metavar="MODEL.py",
               help="For state-dict checkpoints: the model file whose build() makes their module "
-                   "(default: A or B when it is a model file).")
+                   "(default: A or B when it is a model file). Beside Hugging Face folders it lends its "
+                   "data()/loss() hooks.")
 @click.option("--spec", "spec_arg", metavar="PATH|NAME", help="Spec for --align weight (default: the model file's SPEC, else the built-in spec for the model's class).")
 @click.option("--device", default="cpu", show_default=True, help="Where to evaluate: cpu, cuda, cuda:1, ...")
 @click.option("--dtype", "dtype_name", type=click.Choice(["float32", "float64"]), help="Evaluate in this precision (default: the model's).")
@@ -48,26 +53,36 @@ METHODS = ("none", "weight", "weight-perm")
 @click.option("--plot", "plot_path", metavar="OUT.png", help="Write the curves (loss, and accuracy when it applies) as a PNG.")
 @click.option("--report", "report_path", metavar="OUT.json", help="Write the JSON report to a file.")
 @click.option("--markdown", "markdown_path", metavar="OUT.md", help="Write a markdown summary to a file.")
+@click.option("--force", is_flag=True, help="Replace existing --plot/--report/--markdown files (never an input).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
 @handle_errors
 def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, methods: tuple[str, ...], points: int,
                 pairs: tuple[tuple[str, str], ...], factory: str | None, spec_arg: str | None, device: str,
                 dtype_name: str | None, batch_size: int, max_samples: int | None, plot_path: str | None,
-                report_path: str | None, markdown_path: str | None, as_json: bool) -> None:
+                report_path: str | None, markdown_path: str | None, force: bool, as_json: bool) -> None:
     """Evaluate the straight line from model A (λ=0) to model B (λ=1) and report the
     loss barrier: the largest excess of the loss over the line between the endpoints'
     losses, with the λ where it peaks.
 
     A and B are model files (model.py), Hugging Face folders, or state-dict checkpoints
     with --model. Exit 0 on success, 2 for bad input (data that do not fit the model,
-    models of different shapes, an empty split, fewer than 2 points).
+    models of different shapes, an empty split, fewer than 2 points, an output file that
+    exists without --force or is one of the inputs).
     """
+    from symspec.outputs import Target, check_outputs
+
+    outputs = [Target(Path(p), opt) for p, opt in ((report_path, "--report"), (plot_path, "--plot"),
+                                                    (markdown_path, "--markdown")) if p]
+    inputs = [model_a, model_b, *(p for pair in pairs for p in pair), factory, spec_arg, *data_inputs(data_arg)]
+    for note in check_outputs(outputs, inputs, force=force):
+        click.echo(f"note: {note}", err=True)
+
     import torch
 
     from symspec.analyzers.barrier import Measurer
-    from symspec.analyzers.data import load_data
+    from symspec.analyzers.data import hooks_module, load_data
     from symspec.analyzers.report import BarrierReport
-    from symspec.loading import load_model
+    from symspec.loading import config_differences, load_model
 
     methods = tuple(dict.fromkeys(methods)) or ("none",)
     all_pairs = [(model_a, model_b), *pairs]
@@ -76,9 +91,17 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
     started = time.perf_counter()
     loaded = [(load_model(a, factory=factory), load_model(b, factory=factory)) for a, b in all_pairs]
     first = loaded[0][0]
-    module = first.model_file.module if first.model_file is not None else None
-    data = load_data(data_arg, model=first.model, module=module, split=split, batch_size=batch_size,
-                     max_samples=max_samples)
+    # beside Hugging Face folders, --model lends its data()/loss() hooks
+    data = load_data(data_arg, model=first.model, module=hooks_module(first, factory), split=split,
+                     batch_size=batch_size, max_samples=max_samples)
+    notes: list[str] = []
+    for (la, lb), (na, nb) in zip(loaded, all_pairs):
+        diff = config_differences(la, lb)
+        if diff:
+            notes.append(f"warning: {na} and {nb} have different configs ("
+                         + "; ".join(f"{k}: {va!r} vs {vb!r}" for k, (va, vb) in diff.items())
+                         + "): same weight shapes, but not the same function; their interpolation mixes two models")
+            click.echo(notes[-1], err=True)
     spec = resolve_spec(spec_arg, first.model, first.spec_hint()) if any(m != "none" for m in methods) else None
     dtype = {"float32": torch.float32, "float64": torch.float64}[dtype_name] if dtype_name else None
     measurer = Measurer(data, points=points, device=device, dtype=dtype)
@@ -92,15 +115,14 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
                 results[m].append(measurer.pair(la.model, lb.model, method=m, spec=spec, pair=i, names=(na, nb),
                                                 progress=lambda n: advance(n, None), check_data=j == 0))
     report = BarrierReport.build(data, results, device=device, dtype=str(measurer.evaluated_dtype),
-                                 seconds=time.perf_counter() - started)
-    if report_path:
-        report.write_json(report_path)
-    if markdown_path:
-        from symspec.io_util import atomic_write_text
+                                 seconds=time.perf_counter() - started, notes=notes)
+    if outputs:
+        from symspec.outputs import publish
 
-        atomic_write_text(markdown_path, report.markdown())
-    if plot_path:
-        report.plot(plot_path)
+        # all the files or none: one that fails (a full disk) takes the others back
+        writers = {"--report": report.write_json, "--plot": report.plot,
+                   "--markdown": lambda p: p.write_text(report.markdown(), encoding="utf-8")}
+        publish([(t, writers[t.option]) for t in outputs], force=force)
     if as_json:
         echo_json(report.to_dict())
     else:

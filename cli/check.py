@@ -16,6 +16,11 @@ from ._common import (
     stdout_console,
 )
 
+#: seeds are mixed into torch generators (seed * 1000 + k must fit in 64 bits)
+MAX_SEED = 2**32 - 1
+#: the random inputs are a few sequences or images; a batch in the millions only exhausts memory
+MAX_BATCH = 1024
+
 
 def _parse_rtol(values: tuple[str, ...]) -> dict[str, float]:
     out = {}
@@ -24,9 +29,13 @@ def _parse_rtol(values: tuple[str, ...]) -> dict[str, float]:
         if not sep or dtype not in ("float32", "float64"):
             raise click.BadParameter(f"expected float32=TOL or float64=TOL, got {v!r}", param_hint="--rtol")
         try:
-            out[dtype] = float(num)
+            tol = float(num)
         except ValueError:
             raise click.BadParameter(f"{num!r} is not a number", param_hint="--rtol") from None
+        # a relative error: 0 or less fails every row, 1 or more (and nan, inf) passes any
+        if not 0 < tol < 1:
+            raise click.BadParameter(f"{v!r}: the tolerance must be a number between 0 and 1 (exclusive)", param_hint="--rtol")
+        out[dtype] = tol
     return out
 
 
@@ -34,12 +43,12 @@ def _parse_rtol(values: tuple[str, ...]) -> dict[str, float]:
 @click.argument("model_file", metavar="MODEL")
 @click.option("--spec", "spec_arg", metavar="PATH|NAME", help="Spec file or built-in name (default: the model file's SPEC, else the built-in spec for the model's class).")
 @click.option("--samples", default=3, show_default=True, type=click.IntRange(1, 100), help="Random group elements per space.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sampled elements and inputs.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, MAX_SEED), help="Seed of the sampled elements and inputs.")
 @click.option("--dtype", "dtypes", default="float64,float32", show_default=True, help="Comma-separated precisions to check in.")
 @click.option("--space", "spaces", multiple=True, metavar="NAME", help="Check only this declared space (repeatable).")
 @click.option("--rtol", "rtols", multiple=True, metavar="DTYPE=TOL", help="Override a tolerance, e.g. --rtol float32=1e-3.")
 @click.option("--model", "factory", metavar="MODEL.py", help="For a state-dict checkpoint: the model file whose build() makes its module.")
-@click.option("--batch", default=2, show_default=True, type=click.IntRange(1), help="Batch size of the random inputs.")
+@click.option("--batch", default=2, show_default=True, type=click.IntRange(1, MAX_BATCH), help="Batch size of the random inputs.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report instead of a table.")
 @handle_errors
 def check_cmd(model_file: str, spec_arg: str | None, samples: int, seed: int, dtypes: str, spaces: tuple[str, ...],
@@ -62,18 +71,19 @@ def check_cmd(model_file: str, spec_arg: str | None, samples: int, seed: int, dt
         raise click.BadParameter(f"unknown dtype {bad[0] if bad else dtypes!r}; use float64, float32", param_hint="--dtype")
     rtol = _parse_rtol(rtols)
     loaded = load_model(model_file, factory=factory)
+    file_rtol = loaded.model_file.check_rtol() if loaded.model_file is not None else {}
     spec = resolve_spec(spec_arg, loaded.model, loaded.spec_hint())
-    inputs = loaded.example_inputs(batch=batch, seed=seed)
-    file_rtol = loaded.model_file.attr("CHECK_RTOL") if loaded.model_file is not None else None
-    rtol = {**(file_rtol or {}), **rtol}
+    inputs = loaded.example_inputs(batch=batch, seed=seed)  # run once: inputs the model cannot take are named here
+    rtol = {**file_rtol, **rtol}
     console = stderr_console()
     if as_json:
-        report = check(loaded.model, spec, inputs, samples=samples, seed=seed, dtypes=dts, spaces=spaces or None, rtol=rtol)
+        report = check(loaded.model, spec, inputs, samples=samples, seed=seed, dtypes=dts, spaces=spaces or None, rtol=rtol,
+                       source=str(loaded.source))
         echo_json(report.to_dict())
     else:
         with console.status("checking...") as status:
             report = check(loaded.model, spec, inputs, samples=samples, seed=seed, dtypes=dts, spaces=spaces or None, rtol=rtol,
-                           progress=lambda msg: status.update(msg))
+                           progress=lambda msg: status.update(msg), source=str(loaded.source))
         _print_table(report)
     sys.exit(EXIT_OK if report.passed else EXIT_FAIL)
 
@@ -84,7 +94,9 @@ def _print_table(report) -> None:  # type: ignore[no-untyped-def]
     table = Table(title=f"symspec check: spec '{report.spec}' on {report.model}", title_justify="left")
     for col, just in (("space", "left"), ("group", "left"), ("dtype", "left"), ("samples", "right"),
                       ("max abs err", "right"), ("max rel err", "right"), ("rtol", "right"), ("result", "left")):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
+        # a failing row names steps and parameters: the result column takes what width is
+        # left and folds them rather than cutting them off
+        table.add_column(col, justify=just, no_wrap=col != "result", overflow="fold" if col == "result" else "ellipsis")  # type: ignore[arg-type]
     for r in report.rows:
         result = "[green]pass[/]" if r.passed else "[red]FAIL[/]" + (f" at {', '.join(r.failing)}" if r.failing else "")
         table.add_row(r.space, r.group, r.dtype, str(r.samples), f"{r.max_abs:.2e}", f"{r.max_rel:.2e}", f"{r.rtol:.0e}", result)

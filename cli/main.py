@@ -25,7 +25,39 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+class OneLineUsageError(click.UsageError):
+    """A usage error (a bad option value, a missing argument) shown as every other input
+    error is: one ``error: ...`` line on stderr and exit code 2, pointing to --help
+    instead of printing the usage block."""
+
+    def show(self, file: Any = None) -> None:
+        where = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        message = "; ".join(line.strip() for line in self.format_message().splitlines() if line.strip())
+        click.echo(f"error: {message}{where}", file=file, err=file is None)
+
+
+#: usage errors whose message is the help text (bare ``symspec``): shown as click shows them
+_SHOWS_HELP: tuple[type[Exception], ...] = tuple(
+    t for t in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if t is not None)
+
+
 class LazyGroup(click.Group):
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except (OneLineUsageError, *_SHOWS_HELP):
+            raise
+        except click.UsageError as e:  # the group's own options: symspec --bogus
+            raise OneLineUsageError(e.format_message(), e.ctx) from e
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (OneLineUsageError, *_SHOWS_HELP):
+            raise
+        except click.UsageError as e:  # a command's options and arguments, an unknown command
+            raise OneLineUsageError(e.format_message(), e.ctx) from e
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 

@@ -1,21 +1,27 @@
 """``symspec match A B --out DIR`` and ``symspec merge A B --alpha 0.5 --out DIR``.
 
-Outputs are staged in a hidden folder next to DIR and renamed into place at the end, so
-a failure leaves nothing half-written; an existing DIR is replaced only with --force.
+Outputs are published by :mod:`symspec.outputs`: staged next to DIR and renamed into
+place at the end, so a failure or an interrupt leaves nothing half-written; an existing
+DIR is replaced only with --force, and never when it is, holds or lies inside an input.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ._common import echo_json, handle_errors, resolve_spec, stderr_console, stdout_console
+from ._common import (
+    FiniteFloat,
+    echo_json,
+    handle_errors,
+    resolve_spec,
+    stderr_console,
+    stdout_console,
+)
 
 #: timer phases measured inside the solve:<kind> phases
 INNER_PHASES = {"assign", "svd", "iterate", "heads:similarity"}
@@ -30,56 +36,21 @@ def _input_error(msg: str) -> Exception:
     return SymspecInputError(msg)
 
 
-def check_output(out: Path, force: bool) -> None:
-    """Fail before any work when ``out`` cannot be written."""
-    if out.exists() and not force:
-        raise _input_error(f"{out} exists; refusing to overwrite it (use --force)")
-    parent = out.parent if str(out.parent) else Path(".")
-    probe = parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise _input_error(f"cannot write {out}: {probe} is not a writable folder")
+def check_output(out: Path, force: bool, inputs: list[str | None]) -> None:
+    """Fail before any work when ``out`` cannot or must not be written (notes about stale
+    staging folders go to stderr)."""
+    from symspec.outputs import Target, check_outputs
+
+    for note in check_outputs([Target(out, "--out", folder=True)], inputs, force=force):
+        click.echo(f"note: {note}", err=True)
 
 
 def publish(out: Path, force: bool, fill: Callable[[Path], None]) -> None:
-    """Build the output in a staging folder next to ``out``, then rename it into place."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as e:
-        raise _input_error(f"cannot write {out}: {e}") from e
-    try:
-        fill(staging)
-        _normal_permissions(staging)
-        if out.exists():
-            if not force:
-                raise _input_error(f"{out} exists; refusing to overwrite it (use --force)")
-            old = out.parent / f".{out.name}.replaced-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(staging, out)
-            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
-        else:
-            os.replace(staging, out)
-    except OSError as e:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise _input_error(f"cannot write {out}: {e}") from e
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    """Build the output folder with ``fill`` in a staging folder, then rename it into place."""
+    from symspec.outputs import Target
+    from symspec.outputs import publish as publish_outputs
 
-
-def _normal_permissions(folder: Path) -> None:
-    """Temporary files and folders are private (0600/0700); the published output gets the
-    usual permissions under the user's umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    for root, dirs, names in os.walk(folder):
-        for d in dirs:
-            os.chmod(Path(root) / d, 0o777 & ~mask)
-        for n in names:
-            os.chmod(Path(root) / n, 0o666 & ~mask)
-    os.chmod(folder, 0o777 & ~mask)
+    publish_outputs([(Target(out, "--out", folder=True), fill)], force=force)
 
 
 def write_model(loaded: Any, state_dict: Any, folder: Path) -> list[str]:
@@ -232,7 +203,7 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output folder (written atomically)."),
         click.option("--groups", default="full", show_default=True, help=GROUPS_HELP),
         click.option("--rounds", default=10, show_default=True, type=click.IntRange(0, 10000), help="At most this many rounds of coordinate descent."),
-        click.option("--tol", default=1e-6, show_default=True, type=click.FloatRange(0), help="Stop once a round improves the objective by less than this (relative)."),
+        click.option("--tol", default=1e-6, show_default=True, type=FiniteFloat(0), help="Stop once a round improves the objective by less than this (relative)."),
         click.option("--device", default="cpu", show_default=True, help="Where the dense work runs: cpu or cuda."),
         click.option("--model", "factory", metavar="MODEL.py", help="For state-dict checkpoints: the model file whose build() makes their module."),
         click.option("--force", is_flag=True, help="Replace an existing output folder."),
@@ -261,7 +232,7 @@ def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, group
     _quiet_threads()
     from symspec.match import weight_match
 
-    check_output(out, force)
+    check_output(out, force, [model_a, model_b, factory, spec_arg])
     dev = _device(device)
     with _Progress(True) as progress:
         la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
@@ -291,7 +262,7 @@ def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, group
 @click.command("merge")
 @click.argument("model_a", metavar="A")
 @click.argument("model_b", metavar="B")
-@click.option("--alpha", default=0.5, show_default=True, type=click.FloatRange(0, 1), help="Weight of B: (1 - alpha) A + alpha B.")
+@click.option("--alpha", default=0.5, show_default=True, type=FiniteFloat(0, 1), help="Weight of B: (1 - alpha) A + alpha B.")
 @click.option("--no-align", "no_align", is_flag=True, help="Interpolate the weights as they are (vanilla averaging).")
 @_common_options
 @handle_errors
@@ -307,7 +278,7 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
     _quiet_threads()
     from symspec.match import check_finite, interpolate_state_dicts, weight_match
 
-    check_output(out, force)
+    check_output(out, force, [model_a, model_b, factory, spec_arg])
     dev = _device(device)
     with _Progress(True) as progress:
         if no_align:
@@ -323,6 +294,15 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
             bad = [k for k in sa if k not in sb or sa[k].shape != sb[k].shape]
             if bad or set(sb) - set(sa):
                 raise _input_error(f"A and B do not have the same parameters: {', '.join((bad or sorted(set(sb) - set(sa)))[:5])}")
+            from symspec.loading import config_differences
+
+            # same shapes do not make the same function (another head count, epsilon, rotary base)
+            diff = config_differences(la, lb)
+            if diff:
+                click.echo("warning: A and B have different configs ("
+                           + "; ".join(f"{k}: {va!r} vs {vb!r}" for k, (va, vb) in diff.items())
+                           + "): same weight shapes, but not the same function; their average mixes two models",
+                           err=True)
             check_finite(sa, "A")
             check_finite(sb, "B")
             merged = interpolate_state_dicts(sa, sb, alpha)

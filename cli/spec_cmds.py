@@ -15,30 +15,33 @@ from ._common import EXIT_INPUT, EXIT_OK, echo_json, handle_errors, stdout_conso
 def validate_cmd(spec_files: tuple[str, ...], as_json: bool) -> None:
     """Validate spec files (or built-in names) without a model.
 
-    Every error of every file is reported as file:line:col: key.path: message.
+    Every error of every file is reported as file:line:col: key.path: message, after
+    "error: " (a file with several errors: a line that counts them, then one per error).
     Exit 0 when all are valid, 2 otherwise.
     """
     from symspec.errors import DiagnosticsError, SymspecInputError
     from symspec.spec import load_spec
 
     results = []
+    shown = []  # what stderr says of each invalid file: the error as every command prints it
     for f in spec_files:
         try:
             spec = load_spec(f)
             results.append({"file": f, "valid": True, "name": spec.name, "errors": []})
         except DiagnosticsError as e:
             results.append({"file": f, "valid": False, "errors": [str(d) for d in e.diagnostics] or [e.headline]})
+            shown.append(str(e))
         except SymspecInputError as e:
             results.append({"file": f, "valid": False, "errors": [str(e)]})
+            shown.append(str(e))
     if as_json:
         echo_json(results)
     else:
         for r in results:
             if r["valid"]:
                 click.echo(f"{r['file']}: ok (spec '{r['name']}')")
-            else:
-                for err in r["errors"]:
-                    click.echo(err, err=True)
+        for text in shown:
+            click.echo(f"error: {text}", err=True)
     sys.exit(EXIT_OK if all(r["valid"] for r in results) else EXIT_INPUT)
 
 
@@ -64,9 +67,10 @@ def specs_cmd(as_json: bool) -> None:
 
 
 @click.command("schema")
-@click.option("--out", type=click.Path(dir_okay=False, writable=True), help="Write to this file instead of stdout.")
+@click.option("--out", help="Write to this file instead of stdout.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
 @handle_errors
-def schema_cmd(out: str | None) -> None:
+def schema_cmd(out: str | None, force: bool) -> None:
     """Print the JSON Schema of the spec format (for editor validation)."""
     import json
 
@@ -74,9 +78,14 @@ def schema_cmd(out: str | None) -> None:
 
     text = json.dumps(json_schema(), indent=2)
     if out:
-        from symspec.io_util import atomic_write_text
+        from pathlib import Path
 
-        atomic_write_text(out, text + "\n")
+        from symspec.outputs import Target, check_outputs, publish_bytes
+
+        target = Target(Path(out), "--out")
+        for note in check_outputs([target], [], force=force):
+            click.echo(f"note: {note}", err=True)
+        publish_bytes([(target, (text + "\n").encode("utf-8"))], force=force)
         click.echo(f"wrote {out}", err=True)
     else:
         click.echo(text)

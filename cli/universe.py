@@ -13,6 +13,8 @@ import click
 
 from ._common import (
     EXIT_OK,
+    FiniteFloat,
+    data_inputs,
     echo_json,
     handle_errors,
     progress_bar,
@@ -21,33 +23,41 @@ from ._common import (
     stdout_console,
 )
 
+#: worker processes, Ray tasks in flight, torch threads: beyond this a value is a typo
+MAX_WORKERS = 1024
+#: grid points of the simplex (--resolution K with n models: C(K + n - 1, n - 1)); the
+#: grid is built in memory and each point is a full evaluation of the split
+MAX_SIMPLEX_POINTS = 100_000
+
 
 @click.command("universe")
 @click.argument("models", nargs=-1, required=True, metavar="MODEL...")
 @click.option("--out", "out", required=True, metavar="DIR",
               help="Folder to write: merged model, aligned/ models, transforms/ records, report.json (written "
-                   "atomically; refused if it exists unless --overwrite).")
+                   "atomically; refused if it exists unless --overwrite, and always if it is, holds or lies "
+                   "inside an input).")
 @click.option("--spec", "spec_arg", metavar="PATH|NAME",
               help="Spec (default: the model file's SPEC, else the built-in spec for the model's class).")
 @click.option("--model", "factory", metavar="MODEL.py",
               help="For state-dict checkpoints: the model file whose build() makes their module "
-                   "(default: the first MODEL that is a model file).")
+                   "(default: the first MODEL that is a model file). Beside Hugging Face folders it lends "
+                   "its data()/loss() hooks to --data.")
 @click.option("--groups", default=None, metavar="full|perm|perm,SPACE=full",
               help="Groups to search: full (default), perm (permutations only), or per declared space.")
-@click.option("--rounds", default=10, show_default=True, type=click.IntRange(min=1),
+@click.option("--rounds", default=10, show_default=True, type=click.IntRange(1, 10000),
               help="At most this many rounds (align every model, then average).")
-@click.option("--tol", default=1e-4, show_default=True, type=click.FloatRange(min=0.0),
+@click.option("--tol", default=1e-4, show_default=True, type=FiniteFloat(min=0.0),
               help="Stop once a round lowers the objective by less than this fraction.")
 @click.option("--start", "start_arg", default="0", show_default=True, metavar="INDEX|MODEL",
               help="The model the universe starts from; the merged model keeps its class and format.")
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+@click.option("--jobs", "-j", type=click.IntRange(1, MAX_WORKERS), default=None,
               help="Worker processes aligning the models of a round in parallel (each holds one model at a "
                    "time). With --ray: tasks in flight (default: the cluster's CPUs).  [default: 1]")
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="Run the rounds as Ray tasks: 'auto', 'ray://HOST:10001', HOST:PORT, or 'local' (a "
                    "single-node cluster started here). The models and --out must be on storage every node reads.")
 @click.option("--device", default="cpu", show_default=True, help="Where each alignment's dense work runs: cpu, cuda, ...")
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, MAX_WORKERS),
               help="Torch threads per alignment (the same in every executor, so results are identical).")
 @click.option("--data", "data_arg", metavar="SOURCE",
               help="Evaluate the merged model against the endpoints and plain averaging on this data "
@@ -61,9 +71,10 @@ from ._common import (
               help="Evaluate the loss over the simplex of the models (default: with 3 models or fewer).")
 @click.option("--resolution", type=click.IntRange(min=1), metavar="K",
               help="Simplex grid: weights in steps of 1/K (default: 12 for 3 models, coarser for more).")
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--overwrite", "--force", "overwrite", is_flag=True, help="Replace --out if it exists.")
 @click.option("--resume/--no-resume", default=True, show_default=True,
-              help="Resume an unfinished run of the same command (its work is kept in .DIR.partial next to --out).")
+              help="Resume an unfinished run of the same command (its work is kept in .DIR.partial next to --out, "
+                   "locked while a run uses it).")
 @click.option("--setup", "worker_setup", metavar="MODULE:FUNCTION",
               help="Called once in every worker process (to register custom groups or solvers).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
@@ -86,6 +97,7 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
     architecture) or a failed worker; a failed run keeps its finished work and a rerun
     of the same command resumes it.
     """
+    from symspec.outputs import FolderLock, Target, check_outputs, check_overlap, work_folder
     from symspec.universe import (
         UniverseError,
         build_report,
@@ -98,42 +110,60 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
     paths = expand_models(models)
     if len(paths) < 2:
         raise UniverseError(f"universe matching needs at least 2 models, got {len(paths)}")
+    if resolution is not None and data_arg is not None and (len(paths) <= 3 if simplex is None else simplex):
+        points = math.comb(resolution + len(paths) - 1, len(paths) - 1)
+        if points > MAX_SIMPLEX_POINTS:
+            raise UniverseError(f"--resolution {resolution}: the simplex of {len(paths)} models would have {points:.3g} "
+                                f"grid points (at most {MAX_SIMPLEX_POINTS}); use a smaller --resolution or --no-simplex")
+    if ray_address is not None:
+        from symspec.universe_workers import check_ray_address
+
+        check_ray_address(ray_address)  # before any work: an unreachable address fails in seconds
     out_dir = Path(out)
-    if out_dir.exists() and not overwrite:
-        raise UniverseError(f"{out_dir} exists; refusing to overwrite it (use --overwrite)")
+    partial = work_folder(out_dir)
     if factory is None:
         factory = next((p for p in paths if p.endswith(".py")), None)
+    # nothing may write over an input: the models, their lists, --model, --spec, --data
+    inputs = [*paths, *(m[1:] for m in models if m.startswith("@")), factory, spec_arg, *data_inputs(data_arg)]
+    notes = check_outputs([Target(out_dir, "--out", folder=True)], inputs, force=overwrite, flag="--overwrite")
+    check_overlap(partial, "the work folder", inputs)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
     start: int | str = int(start_arg) if start_arg.lstrip("-").isdigit() else start_arg
+    if isinstance(start, int) and not 0 <= start < len(paths):
+        raise UniverseError(f"--start {start}: not a model's index (0 to {len(paths) - 1} for {len(paths)} models)")
     missing = [p for p in paths if not Path(p).exists()]
     if missing:
         raise UniverseError(f"no such file or folder: {', '.join(missing)}")
-    spec: Any = spec_arg
-    if spec is None:
-        from symspec.loading import load_model
+    # held from here to the end: a second run on the same --out fails at once instead
+    # of sharing (and removing) this run's work folder
+    with FolderLock(partial, remove_if_empty=True):
+        spec: Any = spec_arg
+        if spec is None:
+            from symspec.loading import load_model
 
-        first = load_model(paths[start] if isinstance(start, int) and 0 <= start < len(paths) else paths[0], factory=factory)
-        spec = resolve_spec(None, first.model, first.spec_hint())
-    partial = out_dir.parent / f".{out_dir.name}.partial"
-    console = stderr_console()
-    with _Progress(console, quiet=as_json) as bar:
-        result = universe_match(paths, spec, rounds=rounds, tol=tol, groups=groups, jobs=jobs, ray=ray_address,
-                                device=device, start=start, factory=factory, workdir=partial, resume=resume,
-                                progress=bar.event, threads=threads, worker_setup=worker_setup, load_aligned=False,
-                                keep_workdir=True)
-        analysis = None
-        if data_arg is not None:
-            analysis = _analyze(result, paths, factory, data_arg, split, batch_size, max_samples, device, simplex,
-                                resolution, bar)
-    report = build_report(result, analysis, seconds=time.perf_counter() - started)
-    plot_name = "simplex.png" if analysis is not None and any(len(s.names) == 3 for s in analysis.surfaces) else None
+            first = load_model(paths[start] if isinstance(start, int) and 0 <= start < len(paths) else paths[0], factory=factory)
+            spec = resolve_spec(None, first.model, first.spec_hint())
+        console = stderr_console()
+        with _Progress(console, quiet=as_json) as bar:
+            result = universe_match(paths, spec, rounds=rounds, tol=tol, groups=groups, jobs=jobs, ray=ray_address,
+                                    device=device, start=start, factory=factory, workdir=partial, resume=resume,
+                                    progress=bar.event, threads=threads, worker_setup=worker_setup, load_aligned=False,
+                                    keep_workdir=True)
+            analysis = None
+            if data_arg is not None:
+                analysis = _analyze(result, paths, factory, data_arg, split, batch_size, max_samples, device, simplex,
+                                    resolution, bar)
+        report = build_report(result, analysis, seconds=time.perf_counter() - started)
+        plot_name = "simplex.png" if analysis is not None and any(len(s.names) == 3 for s in analysis.surfaces) else None
 
-    def extra(tmp: Path) -> None:
-        if plot_name and analysis is not None:
-            analysis.plot(tmp / plot_name)
+        def extra(tmp: Path) -> None:
+            if plot_name and analysis is not None:
+                analysis.plot(tmp / plot_name)
 
-    written = save_outputs(result, out_dir, report=report, overwrite=overwrite, extra=extra,
-                           extra_outputs={"simplex_plot": plot_name} if plot_name else None)
-    shutil.rmtree(partial, ignore_errors=True)
+        written = save_outputs(result, out_dir, report=report, overwrite=overwrite, extra=extra,
+                               extra_outputs={"simplex_plot": plot_name} if plot_name else None)
+        shutil.rmtree(partial, ignore_errors=True)
     report["outputs"] = written
     if as_json:
         echo_json(report)
@@ -144,7 +174,7 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
 
 def _analyze(result: Any, paths: list[str], factory: str | None, data_arg: str, split: str, batch_size: int,
              max_samples: int | None, device: str, simplex: bool | None, resolution: int | None, bar: Any) -> Any:
-    from symspec.analyzers.data import check_fits, load_data
+    from symspec.analyzers.data import check_fits, hooks_module, load_data
     from symspec.analyzers.simplex import analyze_merge, evaluations
     from symspec.loading import load_model
     from symspec.universe import UniverseError
@@ -152,8 +182,9 @@ def _analyze(result: Any, paths: list[str], factory: str | None, data_arg: str, 
     ref = result.reference
     if ref is None or result.canonical_model is None:
         raise UniverseError("--data needs the models as modules (model files, Hugging Face folders or checkpoints with --model)")
-    module = ref.model_file.module if ref.model_file is not None else None
-    data = load_data(data_arg, model=ref.model, module=module, split=split, batch_size=batch_size, max_samples=max_samples)
+    # beside Hugging Face folders, --model lends its data()/loss() hooks
+    data = load_data(data_arg, model=ref.model, module=hooks_module(ref, factory), split=split, batch_size=batch_size,
+                     max_samples=max_samples)
     check_fits(ref.model, data, ref.name)
     n = len(paths)
     bar.start_task("evaluating", evaluations(n, data, simplex=simplex, resolution=resolution))

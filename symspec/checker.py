@@ -194,6 +194,113 @@ def _step_inplace(op: CanonOp, live: Mapping[str, torch.Tensor], views: Mapping[
             live[name].copy_(sd.pop(name))
 
 
+def _op_subject(op: CanonOp) -> str:
+    """What one concrete canonicalisation step acts on: the norm, the writer, the param."""
+    if op.kind == "fold_norm":
+        return str(op.args["gain"])
+    if op.kind == "center":
+        return ", ".join(w["param"] for w in op.args["writers"])
+    return str(op.args.get("param", ""))
+
+
+def locate_canonical_failure(model: torch.nn.Module, bound: BoundSpec, inputs: Any, dtype: str, rtol: float,
+                             exact64: bool = True) -> tuple[tuple[str, ...], list[str]]:
+    """Which canonicalisation steps change ``model``'s function: one label per failing
+    step of the spec, naming the step and its norms (``canonicalize[1] fold_norm
+    model.layers.{i}.input_layernorm.weight (all 2)``, or the concrete names when only some
+    of its matches fail), and a note per failing step with its place in the spec.
+
+    Each step alone must preserve the function whatever the weights are (a fold is an
+    identity of the computation; centring one writer adds a multiple of the all-ones
+    vector that every pre-LN reader removes), so a fresh copy is canonicalised one step
+    at a time and each step's output is compared with the one before it: every wrong
+    step is named, not only the first. A wrong fold is retried with the other
+    ``gain_offset`` (1 instead of none, or none instead of 1) to say whether the norm
+    multiplies by (1 + weight)."""
+    dt = DTYPES[dtype]
+    work = copy_as(model, dt)
+    keep = KeepFloat64(rewrite=exact64) if dtype == "float64" else None
+    for op in bound.canonical:
+        if op.kind == "untie":
+            untie_module(work, op.args["param"])
+    live = _live(work)
+    views = {k: v.detach() for k, v in live.items()}
+    before = _forward(work, inputs, dt, keep)
+    total: dict[int, int] = {}
+    bad: dict[int, list[tuple[CanonOp, float]]] = {}
+    hints: dict[int, str] = {}
+    for op in bound.canonical:
+        if op.kind != "untie":
+            total[op.step] = total.get(op.step, 0) + 1
+    for op in bound.canonical:
+        if op.kind == "untie":
+            continue
+        rel, prev = 0.0, before
+        for part in _one_writer_at_a_time([op]):  # a centred writer at a time, as check() does
+            saved = _step_saving(part, live, views)
+            after = _forward(work, inputs, dt, keep)
+            rel = max(rel, compare(before, after)[1])
+            before = after
+        if rel <= rtol:
+            continue
+        if op.step not in bad and op.kind == "fold_norm":
+            hints[op.step] = _offset_hint(op, live, views, saved, work, inputs, dt, keep, prev, rtol)
+        bad.setdefault(op.step, []).append((op, rel))
+    failing: list[str] = []
+    notes: list[str] = []
+    for step, ops in bad.items():
+        first = ops[0][0]
+        where = f"canonicalize[{step}]" if step >= 0 else "canonicalize"
+        names = [_op_subject(op) for op, _ in ops]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        decl = bound.spec.canonicalize[step] if 0 <= step < len(bound.spec.canonicalize) else None
+        if first.kind == "fold_norm" and len(ops) > 1 and len(ops) == total[step] and decl is not None:
+            failing.append(f"{where} {first.kind} {decl.arg('gain')} (all {len(ops)})")
+        else:
+            failing.append(f"{where} {first.kind} {shown}")
+        note = (f"canonicalize: {first.loc}: {first.kind} of {shown} changes the function "
+                f"({dtype} max rel err {max(r for _, r in ops):.2e} > {rtol:.0e})")
+        if hints.get(step):
+            note += f"; {hints[step]}"
+        notes.append(note)
+    if not failing:
+        notes.append(f"canonicalize: no single step changes the function beyond rtol {rtol:.0e} in {dtype}; the steps fail together")
+    return tuple(failing), notes
+
+
+def _step_saving(op: CanonOp, live: Mapping[str, torch.Tensor], views: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`_step_inplace` that returns the old values of what it changed."""
+    sd = dict(views)
+    STEP_IMPLS[op.kind](op, sd)
+    saved = {}
+    with torch.no_grad():
+        for name in [k for k, v in sd.items() if v is not views[k]]:
+            saved[name] = views[name].clone()
+            live[name].copy_(sd.pop(name))
+    return saved
+
+
+def _offset_hint(op: CanonOp, live: Mapping[str, torch.Tensor], views: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor],
+                 work: torch.nn.Module, inputs: Any, dt: torch.dtype, keep: Any, before: Sequence[torch.Tensor], rtol: float) -> str:
+    """Does the fold preserve the function with the other gain_offset? (The weights are
+    left as the wrong fold made them, so that later steps are judged as before.)"""
+    offset = op.args.get("gain_offset", 0)
+    other = 0 if offset else 1
+    wrong = {k: views[k].clone() for k in saved}
+    with torch.no_grad():
+        for k, v in saved.items():
+            live[k].copy_(v)
+        _step_saving(attrs.evolve(op, args={**op.args, "gain_offset": other}), live, views)
+        _, rel = compare(before, _forward(work, inputs, dt, keep))
+        for k, v in wrong.items():
+            live[k].copy_(v)
+    if not rel <= rtol:
+        return ""
+    if other:
+        return f"with 'gain_offset: {other}' it preserves the function: the norm multiplies by ({other} + weight)"
+    return "without gain_offset it preserves the function: the norm multiplies by its weight itself"
+
+
 def _one_writer_at_a_time(ops: Sequence[CanonOp]) -> list[CanonOp]:
     """``center`` centres each writer on its own: split it, so that only one writer's
     centred copy (the embedding, for a language model) exists at a time."""
@@ -267,15 +374,20 @@ class _InPlace:
         return changed
 
 
-def _forward(module: torch.nn.Module, inputs: Any, dtype: torch.dtype, mode: Any = None) -> list[torch.Tensor]:
-    x = _cast_inputs(inputs, dtype)
-    if isinstance(x, Mapping):
+def call_forward(module: torch.nn.Module, inputs: Any, mode: Any = None) -> Any:
+    """``module`` on ``inputs`` without gradients: a dict is keyword inputs, a tuple the
+    positional ones, anything else the one input."""
+    if isinstance(inputs, Mapping):
         args: tuple[Any, ...] = ()
-        kwargs = dict(x)
+        kwargs = dict(inputs)
     else:
-        args, kwargs = (x if isinstance(x, tuple) else (x,)), {}
+        args, kwargs = (inputs if isinstance(inputs, tuple) else (inputs,)), {}
     with torch.no_grad(), (mode if mode is not None else contextlib.nullcontext()):
-        out = module(*args, **kwargs)
+        return module(*args, **kwargs)
+
+
+def _forward(module: torch.nn.Module, inputs: Any, dtype: torch.dtype, mode: Any = None) -> list[torch.Tensor]:
+    out = call_forward(module, _cast_inputs(inputs, dtype), mode)
     return [t.detach() for t in flatten_outputs(out)]
 
 
@@ -363,7 +475,8 @@ def _shares_chain(problem: Problem, names: set[str]) -> bool:
 def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, samples: int = 3, seed: int = 0,
           dtypes: Sequence[str] = ("float64", "float32"), spaces: Sequence[str] | None = None,
           rtol: Mapping[str, float] | None = None, cond: float = 10.0,
-          progress: Callable[[str], None] | None = None, exact64: bool = True, trace: bool = False) -> CheckReport:
+          progress: Callable[[str], None] | None = None, exact64: bool = True, trace: bool = False,
+          source: str | None = None) -> CheckReport:
     """Check that every declared symmetry of ``spec`` preserves ``model``'s function.
 
     ``inputs``: the positional inputs of ``model.forward`` (a tensor, a tuple) or a
@@ -377,6 +490,11 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
     ``trace``: also trace the model (:func:`symspec.graph.trace`) and say in a note how
     (or why not: the check itself needs no graph). A ``BoundSpec`` bound with
     ``trace=True`` gets the same note.
+
+    A model that cannot be checked raises :class:`~symspec.errors.SymspecInputError`
+    (naming ``source``, where the model came from, when given): NaN or inf weights, a
+    forward that fails on ``inputs`` in a checked precision, an output without a
+    floating-point tensor.
     """
     tol = {**DEFAULT_RTOL, **(rtol or {})}
     if samples < 1:
@@ -401,9 +519,29 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
     if bound.graph is not None:
         report.notes.append(_graph_note(bound))
 
+    from .errors import SymspecInputError
+    from .match import check_finite
+
+    # NaN or inf weights make every comparison meaningless (a table of failed rows):
+    # bad input, not a failed check
+    check_finite(model.state_dict(), source or type(model).__name__)
+    where = f"{source}: " if source else ""
     say("copying the model")
     models = _Models(model, inputs, dtypes, exact64)
-    ref = {dt: models.run(dt) for dt in dtypes}
+    ref = {}
+    for dt in dtypes:
+        try:
+            ref[dt] = models.run(dt)
+        except Exception as e:
+            # the reference forward, before any transform: the model cannot run these
+            # inputs in this precision (a dtype it hard-codes, inputs of the wrong shape)
+            lines = str(e).strip().splitlines()
+            raise SymspecInputError(f"{where}the model's forward failed in {dt} on the example inputs: {type(e).__name__}"
+                                    + (f": {lines[0][:300]}" if lines else "")
+                                    + ("; a model that cannot run in float64 can be checked in float32 only" if dt == "float64" else "")) from e
+        if not ref[dt]:
+            raise SymspecInputError(f"{where}the model's output holds no floating-point tensor: there is nothing to compare "
+                                    "(forward must return a tensor, or a tuple, dict or model output of tensors)")
     casts = models.keep.summary() if models.keep.count else ""  # one forward pass's worth
     say("canonicalising")
     models.canonicalize(bound)
@@ -417,9 +555,17 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
             report.notes.append(f"float64: the model computes parts in float32 (per forward pass: {casts}); "
                                 f"float64 rows use rtol {tol['float64']:.0e}")
     if bound.canonical:
+        canon_rows = []
         for dt in dtypes:
             a, r = compare(ref[dt], canon_out[dt])
-            report.rows.append(CheckRow("canonicalize", ", ".join(dict.fromkeys(op.kind for op in bound.canonical)), dt, 1, a, r, tol[dt]))
+            canon_rows.append(CheckRow("canonicalize", ", ".join(dict.fromkeys(op.kind for op in bound.canonical)), dt, 1, a, r, tol[dt]))
+        bad = [r.dtype for r in canon_rows if not r.passed]
+        if bad:
+            say("locating the failing canonicalisation step")
+            failing, notes = locate_canonical_failure(model, bound, inputs, bad[0], tol[bad[0]], exact64)
+            canon_rows = [attrs.evolve(r, failing=failing) if not r.passed else r for r in canon_rows]
+            report.notes.extend(notes)
+        report.rows.extend(canon_rows)
     del ref
 
     mover = _InPlace(problem, models.t64)

@@ -21,7 +21,9 @@ The model-file convention (``symspec check model.py``): a Python file that defin
 - optionally ``loss(output, targets)`` and data hooks, used by the analyzers.
 
 ``save_model(loaded, state_dict, out)`` writes a model in the format it was read in
-(a Hugging Face folder stays one; a state dict stays one), atomically.
+(a Hugging Face folder stays one; a state dict stays one) and in the dtypes it was
+stored in (``LoadedModel.dtypes``: a float16 checkpoint read into a float32 model file's
+module is written as float16), atomically.
 """
 
 from __future__ import annotations
@@ -65,7 +67,12 @@ class ModelFile:
             if value is None:
                 raise ModelLoadError(f"{self.path} defines no example_inputs(model, batch, seed) (nor example_input)")
             return value
-        params = inspect.signature(fn).parameters
+        if not callable(fn):
+            raise ModelLoadError(f"{self.path}: example_inputs is a {type(fn).__name__}, not a function (model, batch, seed)")
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # a builtin without a signature: pass only the model
+            params = {}  # type: ignore[assignment]
         kwargs: dict[str, Any] = {}
         if "batch" in params:
             kwargs["batch"] = batch
@@ -73,8 +80,24 @@ class ModelFile:
             kwargs["seed"] = seed
         try:
             return fn(model if model is not None else self.model, **kwargs)
-        except Exception as e:
-            raise ModelLoadError(f"{self.path}: example_inputs failed: {type(e).__name__}: {e}") from e
+        except (Exception, SystemExit) as e:
+            raise ModelLoadError(f"{where_in(e, self.path)}: example_inputs() failed: {describe_failure(e)}") from e
+
+    def check_rtol(self) -> dict[str, float]:
+        """``CHECK_RTOL``, validated: {"float32"|"float64": a tolerance in (0, 1)}."""
+        value = self.attr("CHECK_RTOL")
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ModelLoadError(f"{self.path}: CHECK_RTOL is a {type(value).__name__}; expected a dict like {{'float32': 1e-3}}")
+        out: dict[str, float] = {}
+        for key, tol in value.items():
+            if key not in ("float32", "float64"):
+                raise ModelLoadError(f"{self.path}: CHECK_RTOL has key {key!r}; expected 'float32' or 'float64'")
+            if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
+                raise ModelLoadError(f"{self.path}: CHECK_RTOL[{key!r}] = {tol!r}; expected a number between 0 and 1 (exclusive)")
+            out[key] = float(tol)
+        return out
 
     def spec_hint(self) -> str | None:
         spec = self.attr("SPEC")
@@ -84,6 +107,27 @@ class ModelFile:
         if not p.is_absolute() and (self.path.parent / p).exists():
             return str(self.path.parent / p)
         return str(spec)
+
+
+def describe_failure(e: BaseException) -> str:
+    """One line for an exception raised by a user's code: its type and first line, or
+    the exit code it asked for."""
+    if isinstance(e, SystemExit):
+        return f"it called sys.exit({'' if e.code is None else repr(e.code)})"
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__
+
+
+def where_in(e: BaseException, path: str | Path) -> str:
+    """``path:LINE`` of the innermost frame of ``e``'s traceback in the file ``path``
+    (where the user's code failed), else ``path``."""
+    try:
+        target = os.path.realpath(path)
+        frames = traceback.extract_tb(e.__traceback__)
+        line = next((f.lineno for f in reversed(frames) if os.path.realpath(f.filename) == target), None)
+    except (OSError, ValueError):
+        line = None
+    return f"{path}:{line}" if line else str(path)
 
 
 def import_file(path: str | Path) -> ModuleType:
@@ -108,11 +152,11 @@ def import_file(path: str | Path) -> ModuleType:
         sys.path.insert(0, parent)
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except (Exception, SystemExit) as e:
+        # SystemExit too: a file that calls sys.exit() must not end the command with its
+        # exit code (0 would read as success)
         del sys.modules[name]
-        tb = traceback.extract_tb(e.__traceback__)
-        where = next((f"{f.filename}:{f.lineno}" for f in reversed(tb) if f.filename.endswith(p.name)), str(p))
-        raise ModelLoadError(f"{where}: importing the model file failed: {type(e).__name__}: {e}") from e
+        raise ModelLoadError(f"{where_in(e, p)}: importing the model file failed: {describe_failure(e)}") from e
     finally:
         if added:
             sys.path.remove(parent)
@@ -125,8 +169,8 @@ def load_model_file(path: str | Path) -> ModelFile:
     if callable(build):
         try:
             model = build()
-        except Exception as e:
-            raise ModelLoadError(f"{path}: build() failed: {type(e).__name__}: {e}") from e
+        except (Exception, SystemExit) as e:
+            raise ModelLoadError(f"{where_in(e, path)}: build() failed: {describe_failure(e)}") from e
     else:
         model = getattr(module, "model", None)
         if model is None:
@@ -147,20 +191,64 @@ class LoadedModel:
     source: Path
     format: str  # "modelfile" | "hf" | "state_dict" | "safetensors"
     model_file: ModelFile | None = None
+    #: the dtype each floating-point tensor has where it is stored, where that is not the
+    #: module's (a float16 checkpoint loaded into the float32 module of a model file):
+    #: :func:`save_model` writes them back in it. None: the module's own.
+    dtypes: dict[str, torch.dtype] | None = None
 
     @property
     def name(self) -> str:
         return self.source.name
 
-    def example_inputs(self, batch: int = 2, seed: int = 0) -> Any:
-        if self.model_file is not None and (self.model_file.attr("example_inputs") or self.model_file.attr("example_input")) is not None:
-            return self.model_file.example_inputs(batch=batch, seed=seed, model=self.model)
-        if self.format == "hf":
-            return hf_example_inputs(self.model, batch=batch, seed=seed)
-        raise ModelLoadError(f"{self.source}: no example inputs; give a model file that defines example_inputs(model, batch, seed)")
+    def example_inputs(self, batch: int = 2, seed: int = 0, *, probe: bool = True) -> Any:
+        """The model file's example inputs (for a Hugging Face folder: random ones from
+        its config). With ``probe``, the model is run on them once, so that inputs it
+        cannot take (a wrong shape, token ids outside the vocabulary) or an output with
+        no floating-point tensor are reported here, naming the file, and not as a
+        traceback from deep inside a check."""
+        mf = self.model_file
+        if mf is not None and (mf.attr("example_inputs") or mf.attr("example_input")) is not None:
+            inputs = mf.example_inputs(batch=batch, seed=seed, model=self.model)
+            origin = "its example inputs" if mf.path == self.source else f"the example inputs of {mf.path}"
+        elif self.format == "hf":
+            inputs = hf_example_inputs(self.model, batch=batch, seed=seed)
+            origin = "example inputs drawn from its config"
+        else:
+            raise ModelLoadError(f"{self.source}: no example inputs; give a model file that defines example_inputs(model, batch, seed)")
+        if probe:
+            probe_forward(self.model, inputs, f"{self.source}", origin, mf.path if mf is not None else None)
+        return inputs
 
     def spec_hint(self) -> str | None:
         return self.model_file.spec_hint() if self.model_file is not None else None
+
+
+def probe_forward(model: torch.nn.Module, inputs: Any, name: str, origin: str = "its example inputs",
+                  model_file: Path | None = None) -> None:
+    """Run ``model`` once on ``inputs`` (no gradients, in eval mode, restored after) and
+    raise :class:`ModelLoadError` naming ``name`` when the forward fails or returns no
+    floating-point tensor (a check would compare nothing and pass)."""
+    from .checker import call_forward, flatten_outputs
+
+    training = model.training
+    model.eval()  # no batch-norm statistics are updated by the probe
+    try:
+        out = call_forward(model, inputs)
+    except (Exception, SystemExit) as e:
+        where = where_in(e, model_file) if model_file is not None else ""
+        at = f" (at {where})" if where and where != str(model_file) else ""
+        raise ModelLoadError(f"{name}: the model's forward failed on {origin}{at}: {describe_failure(e)}") from e
+    finally:
+        model.train(training)
+    if not flatten_outputs(out):
+        raise ModelLoadError(f"{name}: the model's forward returned {_kind(out)} on {origin}; expected a tensor "
+                             "(or a tuple, dict or model output holding floating-point tensors)")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor"
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 def hf_example_inputs(model: torch.nn.Module, batch: int = 2, seed: int = 0, length: int = 16) -> dict[str, torch.Tensor]:
@@ -186,17 +274,19 @@ def hf_example_inputs(model: torch.nn.Module, batch: int = 2, seed: int = 0, len
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    if path.is_file() and path.stat().st_size == 0:
+        raise ModelLoadError(f"{path}: the file is empty (0 bytes), not a checkpoint")
     if path.suffix in SAFETENSORS_SUFFIXES:
         from safetensors.torch import load_file
 
         try:
             return load_file(str(path))
         except Exception as e:
-            raise ModelLoadError(f"{path}: not a readable safetensors file: {e}") from e
+            raise ModelLoadError(f"{path}: not a readable safetensors file ({describe_failure(e)})") from e
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ModelLoadError(f"{path}: cannot be read as a state dict with weights_only=True ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
+        raise ModelLoadError(f"{path}: cannot be read as a state dict with weights_only=True ({describe_failure(e)})") from e
     if isinstance(obj, Mapping) and "state_dict" in obj and isinstance(obj["state_dict"], Mapping):
         obj = obj["state_dict"]
     if isinstance(obj, Mapping) and "model" in obj and isinstance(obj["model"], Mapping):
@@ -255,19 +345,28 @@ def _load_hf(path: Path) -> torch.nn.Module:
     except ImportError as e:
         raise ModelLoadError(f"{path}: a Hugging Face model folder needs transformers (pip install 'symspec[hf]')") from e
     try:
-        archs = json.loads(cfg_path.read_text()).get("architectures") or []
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"{cfg_path}: unreadable config ({e})") from e
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: bad JSON, and text that is not UTF-8
+        raise ModelLoadError(f"{cfg_path}: unreadable config ({describe_failure(e)})") from e
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{cfg_path}: the config is a JSON {type(cfg).__name__}; expected an object with 'architectures'")
+    archs = cfg.get("architectures")
     if not archs:
         raise ModelLoadError(f"{cfg_path}: no 'architectures' entry names the model class")
-    cls = getattr(transformers, archs[0], None)
-    if cls is None:
-        raise ModelLoadError(f"{cfg_path}: transformers has no class {archs[0]}")
+    if not isinstance(archs, list) or not isinstance(archs[0], str):
+        raise ModelLoadError(f"{cfg_path}: 'architectures' is {json.dumps(archs)[:100]}; expected a list of class names "
+                             "like [\"GPT2LMHeadModel\"]")
+    try:
+        cls = getattr(transformers, archs[0], None) if archs[0].isidentifier() and not archs[0].startswith("_") else None
+    except Exception:  # transformers imports its classes lazily: a missing backend raises here
+        cls = None
+    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
+        raise ModelLoadError(f"{cfg_path}: transformers has no model class {archs[0]!r}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         model = cls.from_pretrained(str(path), local_files_only=True)
     except Exception as e:
-        raise ModelLoadError(f"{path}: {archs[0]}.from_pretrained failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+        raise ModelLoadError(f"{path}: {archs[0]}.from_pretrained failed: {describe_failure(e)}") from e
     return model.eval()
 
 
@@ -290,12 +389,122 @@ def load_model(path: str | Path, *, factory: str | Path | None = None) -> Loaded
         sd = _read_state_dict(p)
         load_state_dict_into(mf.model, sd, str(p))
         fmt = "safetensors" if p.suffix in SAFETENSORS_SUFFIXES else "state_dict"
-        return LoadedModel(mf.model, p, fmt, mf)
+        return LoadedModel(mf.model, p, fmt, mf, {k: v.dtype for k, v in sd.items() if v.is_floating_point()})
     raise ModelLoadError(f"{path}: unknown model format (expected model.py, a Hugging Face folder, .pt/.pth/.bin or .safetensors)")
+
+
+#: config fields that do not change what an evaluated model computes: where it came
+#: from, its storage precision, output and cache switches, label names, generation token
+#: ids, and what only training reads (initialisation, dropout and layer drop are off in
+#: eval mode)
+HARMLESS_CONFIG_FIELDS = frozenset({
+    "_name_or_path", "name_or_path", "architectures", "dtype", "torch_dtype", "transformers_version", "_commit_hash",
+    "_attn_implementation", "_attn_implementation_autoset", "_attn_implementation_internal", "use_cache",
+    "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id", "bos_token_id",
+    "eos_token_id", "decoder_start_token_id", "initializer_range", "initializer_factor", "layerdrop",
+    "problem_type", "finetuning_task", "tokenizer_class", "task_specific_params", "chunk_size_feed_forward",
+    "gradient_checkpointing",
+})
+
+
+def config_differences(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
+    """The config fields whose values differ between two models: ``{field: (value in a,
+    value in b)}``, nested fields dotted (``rope_parameters.rope_theta``), in name order.
+
+    ``a`` and ``b`` are :class:`LoadedModel` s, modules (their ``.config``) or configs (a
+    Hugging Face config, a mapping, a dataclass or attrs instance). Two models with the
+    same weight shapes may still compute different functions (another head count, norm
+    epsilon, activation or rotary base), so averaging their weights means nothing; this
+    names what differs. Fields in :data:`HARMLESS_CONFIG_FIELDS` and dropout rates are
+    ignored. A model without a config has nothing to compare: ``{}``.
+
+    >>> config_differences({"n_head": 2, "dropout": 0.1, "d": 8}, {"n_head": 4, "dropout": 0.0, "d": 8})
+    {'n_head': (2, 4)}
+    """
+    import dataclasses
+
+    def as_dict(obj: Any) -> dict[str, Any] | None:
+        if isinstance(obj, LoadedModel):
+            obj = obj.model
+        if isinstance(obj, torch.nn.Module):
+            obj = getattr(obj, "config", None)
+        if obj is None:
+            return None
+        if isinstance(obj, Mapping):
+            return dict(obj)
+        if callable(getattr(obj, "to_dict", None)):  # Hugging Face configs, sub-configs included
+            return dict(obj.to_dict())
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return dataclasses.asdict(obj)
+        if attrs.has(type(obj)):
+            return attrs.asdict(obj)
+        fields = getattr(obj, "__dict__", None)
+        return {k: v for k, v in fields.items() if not k.startswith("__")} if isinstance(fields, dict) else None
+
+    def flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            key = str(k)
+            if key in HARMLESS_CONFIG_FIELDS or "dropout" in key:
+                continue
+            if isinstance(v, Mapping) and v:
+                out.update(flat(v, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = v
+        return out
+
+    def same(x: Any, y: Any) -> bool:
+        try:
+            return bool(x == y)
+        except Exception:  # a tensor or array in a config: compare identities, do not fail
+            return x is y
+
+    da, db = as_dict(a), as_dict(b)
+    if da is None or db is None:
+        return {}
+    fa, fb = flat(da), flat(db)
+    absent = "<absent>"
+    return {k: (fa.get(k, absent), fb.get(k, absent)) for k in sorted(set(fa) | set(fb))
+            if not same(fa.get(k, absent), fb.get(k, absent))}
 
 
 def _unique_state(model: torch.nn.Module, sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in sd.items()}
+
+
+def source_dtype(model: Any) -> str | None:
+    """The one dtype (``"bfloat16"``) a model's floating-point tensors are stored in: a
+    :class:`LoadedModel`'s checkpoint (else its module), a module or a state dict; None
+    when they are mixed or there are none."""
+    if isinstance(model, LoadedModel) and model.dtypes:
+        kinds = set(model.dtypes.values())
+    else:
+        if isinstance(model, LoadedModel):
+            model = model.model
+        sd = model.state_dict() if isinstance(model, torch.nn.Module) else model
+        kinds = {v.dtype for v in sd.values() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    return str(next(iter(kinds))).removeprefix("torch.") if len(kinds) == 1 else None
+
+
+def stored_dtype(dtypes: Mapping[str, torch.dtype] | None, name: str) -> torch.dtype | None:
+    """The dtype to write floating-point entry ``name`` in: its own in ``dtypes``, else
+    (a tied twin the checkpoint stored once) the one dtype of all of them, if there is one."""
+    if not dtypes:
+        return None
+    if name in dtypes:
+        return dtypes[name]
+    kinds = set(dtypes.values())
+    return next(iter(kinds)) if len(kinds) == 1 else None
+
+
+def _as_stored(sd: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype] | None) -> dict[str, torch.Tensor]:
+    """``sd`` with every floating-point entry in the dtype its source stored it in."""
+    out = dict(sd)
+    for k, v in sd.items():
+        dt = stored_dtype(dtypes, k) if v.is_floating_point() else None
+        if dt is not None and v.dtype != dt:
+            out[k] = v.to(dt)
+    return out
 
 
 def save_model(loaded: LoadedModel, state_dict: Mapping[str, torch.Tensor], out: str | Path, *,
@@ -304,7 +513,10 @@ def save_model(loaded: LoadedModel, state_dict: Mapping[str, torch.Tensor], out:
 
     ``model`` is the module the weights belong to (default: ``loaded.model``); for a
     Hugging Face model it must be of the same class, and the folder is written with
-    ``save_pretrained``. Refuses to overwrite an existing path unless ``overwrite``.
+    ``save_pretrained``. Every floating-point tensor is written in the dtype its source
+    stored it in (``loaded.dtypes``; else the module's): a float16 checkpoint stays one,
+    whatever precision the weights were computed in. Refuses to overwrite an existing
+    path unless ``overwrite``.
     """
     out = Path(out)
     if out.exists() and not overwrite:
@@ -313,11 +525,18 @@ def save_model(loaded: LoadedModel, state_dict: Mapping[str, torch.Tensor], out:
     if loaded.format == "hf":
         import copy
 
+        from .outputs import TMP_PREFIX
+
         m = copy.deepcopy(target)
+        for name, t in m.state_dict(keep_vars=True).items():
+            dt = stored_dtype(loaded.dtypes, name) if t.is_floating_point() else None
+            if dt is not None and t.dtype != dt:
+                t.data = t.data.to(dt)  # the copy's own tensor: save_pretrained writes its dtype
         load_state_dict_into(m, state_dict, str(out))
         parent = out.parent
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+        # a short fixed prefix: ".{out.name}." would pass the name limit for long names
+        tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent))
         try:
             m.save_pretrained(str(tmp), safe_serialization=True)
             if out.exists():
@@ -329,7 +548,7 @@ def save_model(loaded: LoadedModel, state_dict: Mapping[str, torch.Tensor], out:
         return out
     from .io_util import atomic_write_bytes
 
-    sd = _unique_state(target, state_dict)
+    sd = _as_stored(_unique_state(target, state_dict), loaded.dtypes)
     if loaded.format == "safetensors" or out.suffix in SAFETENSORS_SUFFIXES:
         from safetensors.torch import save
 
