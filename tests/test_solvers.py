@@ -346,10 +346,29 @@ def test_permutation_subgroups_embed_back(full: str, perm: str) -> None:
 
 
 def test_every_group_kind_has_a_solver_and_a_permutation_subgroup() -> None:
-    from symspec.solvers import PERMUTATION_SUBGROUP
-
+    texts = ["S(4)", "SP(4)", "Id(4)", "O(4)", "OC(4)", "GL(4)", "D(4)", "Dpos(4)", "RoPE(4)", "Heads(2, GL(2))"]
+    groups = [parse(t) for t in texts] + ([Sign(4)] if Sign is not None else [])
     assert set(REGISTRY) <= set(SOLVERS)
-    assert set(REGISTRY) <= set(PERMUTATION_SUBGROUP)
+    assert set(REGISTRY) <= {g.kind for g in groups}
+    for g in groups:
+        sub = g.permutation_subgroup()
+        assert sub.rep_paths() == g.rep_paths() and g.embed(sub, sub.identity()).keys() == g.identity().keys()
+        assert g.is_trivial() == (g.kind == "Id")
+
+
+def test_best_fit_is_the_value_of_the_best_element() -> None:
+    # 2 <F, C> - <F G, F> at the best F (what the objective loses against ||a||^2), or for
+    # orthogonal groups the tr(F^T C) part of it (||F b|| does not depend on F)
+    gen = torch.Generator().manual_seed(21)
+    a, b = randn(gen, 3, 4, 6), randn(gen, 3, 4, 6)
+    c, g = a @ b.mT, b @ b.mT
+    x = torch.linalg.solve(g, c.mT).mT  # least squares
+    assert torch.allclose(GL(4).best_fit(c, lambda: g), 2 * (x * c).sum((-1, -2)) - ((x @ g) * x).sum((-1, -2)))
+    q = procrustes(c)
+    assert torch.allclose(O(4).best_fit(c, lambda: g), (q * c).sum((-1, -2)))
+    assert torch.allclose(parse("Id(4)").best_fit(c, lambda: g), torch.diagonal(c, dim1=-2, dim2=-1).sum(-1))
+    # negative case: the identity fits worse than the best orthogonal map
+    assert bool((parse("Id(4)").best_fit(c, lambda: g) < O(4).best_fit(c, lambda: g)).all())
 
 
 def test_restriction_text() -> None:

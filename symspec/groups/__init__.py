@@ -21,7 +21,7 @@ from .base import (
     parse,
     registry_summary,
 )
-from .classic import GL, OC, SP, D, Dpos, Id, O, RoPE, S, centred_basis
+from .classic import GL, OC, SP, D, DiagonalGroup, Dpos, Id, O, RoPE, S, centred_basis
 from .heads import Heads
 from .semiperm import SemiPermutation
 
@@ -33,6 +33,7 @@ __all__ = [
     "SP",
     "VARIANCES",
     "D",
+    "DiagonalGroup",
     "Dpos",
     "Element",
     "Group",

@@ -213,6 +213,56 @@ class Group(ABC):
     def matrices(self, a: Element) -> list[torch.Tensor]:
         return [self.matrix(a, p) for p in self.rep_paths()]
 
+    # -- what matching needs to know of a kind -------------------------------------------
+    def is_trivial(self) -> bool:
+        """True for the trivial group (the identity only): matching does not search its
+        spaces. A kind that is trivial only at some sizes (S(1)) may say False: searching
+        it costs nothing."""
+        return False
+
+    def permutation_subgroup(self) -> Group:
+        """The subgroup ``--groups perm`` searches, with the same representations: the
+        permutations in the group (the paper's ablation), Id(n) where it has none."""
+        raise GroupError(f"no permutation subgroup known for {self}")
+
+    def fixed_subgroup(self) -> Group:
+        """The subgroup ``--groups fixed`` searches: Id(n), nothing."""
+        from .classic import Id  # the trivial group is one of the kinds defined on this base
+
+        return Id(self.n)
+
+    def embed(self, sub: Group, a: Element, dtype: torch.dtype = torch.float64) -> Element:
+        """An element ``a`` of ``sub`` (a subgroup of this group, as :meth:`permutation_subgroup`
+        and :meth:`fixed_subgroup` give) in this group's own fields, so that a result found
+        in the subgroup names the spec's group; new floating-point fields get ``dtype``.
+        Kinds with proper subgroups other than the trivial one extend it."""
+        if sub == self:
+            return a
+        if sub.is_trivial():
+            device = next(iter(a.values())).device
+            return self.identity(batch=sub.batch_shape(a), dtype=dtype, device=device)
+        raise GroupError(f"cannot write an element of {sub} as one of {self}")
+
+    def best_fit(self, cross: torch.Tensor, gram: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """How well vectors b fit vectors a under this group's best element, from their
+        statistics ``C = sum a b^T`` [..., n, n] and ``G = sum b b^T`` (``gram``, called only
+        where the value needs it); larger is better, per batch entry (in C's dtype). The head
+        assignment compares pairs of heads with it (:mod:`symspec.solvers.heads`), so a part
+        that is the same for every pairing may be left out.
+
+        Orthogonal groups: ``||C||_*``, the value of the best orthogonal map (max tr(Q^T C);
+        ||Q b|| does not depend on Q): exact for O, an upper bound for its subgroups. Other
+        groups: the least-squares fit ``tr(C G^-1 C^T)`` (max over X of 2<X, C> - <X G, X>),
+        exact for GL, an upper bound for its subgroups."""
+        c = cross.to(torch.float64)
+        if self.is_orthogonal():
+            return torch.linalg.matrix_norm(c, ord="nuc").to(cross.dtype)
+        g = gram().to(torch.float64)
+        lam = torch.diagonal(g, dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300) * 1e-12
+        eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
+        sol = torch.linalg.solve(g + lam[..., None, None] * eye, c.mT)
+        return (c * sol.mT).sum((-1, -2)).to(cross.dtype)
+
 
 def _fmt(value: Any) -> str:
     if isinstance(value, Group):
@@ -322,10 +372,6 @@ def positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:
 
 def int_field(**kw: Any) -> Any:
     return attrs.field(validator=positive, metadata={"kind": "int"}, **kw)
-
-
-def parse_group_like(value: Group | str) -> Group:
-    return value if isinstance(value, Group) else parse(value)
 
 
 def registry_summary() -> Mapping[str, str]:

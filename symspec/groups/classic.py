@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import attrs
@@ -127,6 +128,9 @@ class S(Group):
     def element_ok(self, a: Element, atol: float) -> bool:
         return set(a) == {"perm"} and a["perm"].shape[-1] == self.size and _is_perm(a["perm"])
 
+    def permutation_subgroup(self) -> Group:
+        return self
+
     def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
         return m.shape[-1] == self.size and _perm_matrix_ok(m, atol, signed=False)
 
@@ -188,6 +192,14 @@ class SP(Group):
     def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
         return m.shape[-1] == self.size and _perm_matrix_ok(m, atol, signed=True)
 
+    def permutation_subgroup(self) -> Group:
+        return S(self.size)
+
+    def embed(self, sub: Group, a: Element, dtype: torch.dtype = torch.float64) -> Element:
+        if isinstance(sub, S):  # every sign +1
+            return {"perm": a["perm"], "sign": torch.ones(a["perm"].shape, dtype=dtype, device=a["perm"].device)}
+        return super().embed(sub, a, dtype)
+
 
 @register
 @attrs.frozen
@@ -228,6 +240,17 @@ class Id(Group):
             return False
         eye = torch.eye(self.size, dtype=m.dtype, device=m.device)
         return bool(((m - eye).abs() <= atol).all())
+
+    def is_trivial(self) -> bool:
+        return True
+
+    def permutation_subgroup(self) -> Group:
+        return self
+
+    def best_fit(self, cross: torch.Tensor, gram: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``tr C``: with the identity ||a - b||^2 = ||a||^2 - 2 tr C + tr G, and the sum of
+        tr G over a pairing does not depend on it. Exact, and linear in C."""
+        return torch.diagonal(cross, dim1=-2, dim2=-1).sum(-1)
 
 
 @register
@@ -270,6 +293,9 @@ class Sign(Group):
 
     def element_ok(self, a: Element, atol: float) -> bool:
         return set(a) == {"sign"} and bool(((a["sign"].abs() - 1).abs() <= atol).all())
+
+    def permutation_subgroup(self) -> Group:
+        return Id(self.size)
 
     def contains_matrix(self, m: torch.Tensor, atol: float = 1e-8) -> bool:
         if m.ndim < 2 or m.shape[-1] != self.size or m.shape[-2] != self.size:
@@ -318,6 +344,14 @@ class _MatrixGroup(Group):
         if variance == "contra" and not self.is_orthogonal():
             return torch.linalg.inv(m).mT
         return m
+
+    def permutation_subgroup(self) -> Group:
+        return S(self.size)
+
+    def embed(self, sub: Group, a: Element, dtype: torch.dtype = torch.float64) -> Element:
+        if isinstance(sub, S):  # as its permutation matrix
+            return {"matrix": sub.matrix(a).to(dtype)}
+        return super().embed(sub, a, dtype)
 
 
 @register
@@ -404,8 +438,11 @@ class GL(_MatrixGroup):
         return bool((s[..., -1] > s[..., 0] * max(atol, 1e-12)).all())
 
 
-class _DiagonalGroup(Group):
+class DiagonalGroup(Group):
+    """Diagonal scalings, D(n) and Dpos(n): one scale per unit."""
+
     size: int
+    #: scales are positive (Dpos) rather than any nonzero value (D)
     positive_only: ClassVar[bool]
 
     @property
@@ -450,10 +487,13 @@ class _DiagonalGroup(Group):
             return bool((d > atol).all())
         return bool((d.abs() > atol).all())
 
+    def permutation_subgroup(self) -> Group:
+        return Id(self.size)
+
 
 @register
 @attrs.frozen
-class D(_DiagonalGroup):
+class D(DiagonalGroup):
     """Nonzero diagonal scalings D(n): the linear 'up' path of a gated MLP (SwiGLU, GeGLU)."""
 
     kind: ClassVar[str] = "D"
@@ -463,7 +503,7 @@ class D(_DiagonalGroup):
 
 @register
 @attrs.frozen
-class Dpos(_DiagonalGroup):
+class Dpos(DiagonalGroup):
     """Positive diagonal scalings D+(n): units of a positively homogeneous activation (ReLU)."""
 
     kind: ClassVar[str] = "Dpos"
@@ -512,6 +552,9 @@ class RoPE(Group):
 
     def _has_rest(self) -> bool:
         return self.rot < self.size
+
+    def permutation_subgroup(self) -> Group:
+        return Id(self.size)
 
     def identity(self, *, batch=(), dtype=torch.float64, device=None) -> Element:
         k = self.rot // 2

@@ -28,6 +28,7 @@ import torch
 
 from ..errors import GroupError
 from .base import Element, Group, Path, Variance, make_generator, register
+from .classic import Id
 
 
 def _index(e: Element, idx: torch.Tensor) -> Element:
@@ -143,6 +144,23 @@ class Heads(Group):
         g = self.part(part)
         keys = g.identity(batch=()).keys()
         return {k: a[prefix + k] for k in keys}
+
+    def permutation_subgroup(self) -> Group:
+        """The head permutations only: every part's within-head group becomes Id (the
+        paper's baseline searches no within-head map)."""
+        return Heads(self.heads, tuple((name, Id(g.n)) for name, g in self.parts), self.kv)
+
+    def fixed_subgroup(self) -> Group:
+        """The same as :meth:`permutation_subgroup`: a head group's representations need
+        its head structure, which Id(n) does not have, so the head permutation stays
+        searchable."""
+        return self.permutation_subgroup()
+
+    def embed(self, sub: Group, a: Element, dtype: torch.dtype = torch.float64) -> Element:
+        if sub != self and isinstance(sub, Heads):  # part by part, in the parts' own groups
+            parts = {name: g.embed(sub.part(name), sub.within(a, name), dtype) for name, g in self.parts}
+            return self._assemble(a["perm"], a["qperm"], parts)
+        return super().embed(sub, a, dtype)
 
     def _assemble(self, perm: torch.Tensor, qperm: torch.Tensor, parts: dict[str, Element]) -> Element:
         out: Element = {"perm": perm, "qperm": qperm}

@@ -1,7 +1,9 @@
 """Solvers: weight matching compiled from the typed problem description.
 
-Every solver sees only a :class:`~symspec.problem.Problem` and state dicts in canonical
-form; one solver per group kind is registered in :data:`SOLVERS`. See docs/matching.md.
+Every solver sees only a :class:`~symspec.problem.Problem` and statistics (by default of
+state dicts in canonical form, :mod:`.statistics`); one solver per group kind is
+registered in :data:`SOLVERS`. The engine: :mod:`.weight` (the entry point),
+:mod:`.descent`, :mod:`.execution`. See docs/matching.md.
 """
 
 from . import assignment, heads, orthogonal, smooth  # noqa: F401  (register the solvers)
@@ -20,26 +22,37 @@ from .base import (
 from .orthogonal import procrustes
 from .restrict import (
     MODES,
-    PERMUTATION_SUBGROUP,
     embed,
     parse_restriction,
     restrict_group,
     restrict_problem,
 )
 from .smooth import gauss_newton_gl
-from .weight import MatchEvent, WeightMatchingResult, match_weights, schedule, working_dtype
+from .statistics import ProviderFactory, StatisticsProvider, Trial, Value
+from .weight import (
+    MatchEvent,
+    WeightMatchingResult,
+    WeightOptions,
+    match_weights,
+    schedule,
+    working_dtype,
+)
 
 __all__ = [
     "MODES",
-    "PERMUTATION_SUBGROUP",
     "SOLVERS",
     "MatchEvent",
+    "ProviderFactory",
     "SolveContext",
     "SolverError",
     "StatTerm",
+    "StatisticsProvider",
     "Term",
     "Timer",
+    "Trial",
+    "Value",
     "WeightMatchingResult",
+    "WeightOptions",
     "assign",
     "embed",
     "gauss_newton_gl",

@@ -12,9 +12,8 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
 
-from ..groups import Element, Group
+from ..groups import DiagonalGroup, Element, Group
 from .base import (
-    SOLVERS,
     SolveContext,
     SolverError,
     StatTerm,
@@ -22,6 +21,7 @@ from .base import (
     joint_solver,
     require_variances,
     solver,
+    solver_for,
 )
 
 
@@ -117,8 +117,10 @@ def solve_permuted_scaling(outer: Group, inner: Group, terms: list[Term], curren
     value, exact for planted pairs). Given the permutation, the scales are solved exactly.
     """
     require_variances(outer, terms, {"co", "contra", "abs"})
+    if not isinstance(inner, DiagonalGroup):
+        raise SolverError(f"a permutation with {inner} right before it is not a permuted scaling")
     e_perm, e_diag = current
-    positive = inner.kind == "Dpos"
+    positive = inner.positive_only
     score: torch.Tensor | None = None
     for t in terms:
         c = t.cross()
@@ -145,7 +147,7 @@ def solve_permuted_scaling(outer: Group, inner: Group, terms: list[Term], curren
             dterms.append(_diag_term(t.inner_variance or "co", c, t.gram_diag(), t.rows_sq()[inv]))
         elif t.role == "inner":
             dterms.append(_diag_term(t.variance, torch.diagonal(t.cross()), t.gram_diag(), t.rows_sq()))
-    d = SOLVERS[inner.kind].solve(inner, dterms, e_diag, ctx) if dterms else e_diag
+    d = solver_for(inner).solve(inner, dterms, e_diag, ctx) if dterms else e_diag
     return {"perm": perm}, d
 
 

@@ -346,32 +346,6 @@ class Timer:
         return dict(self.seconds)
 
 
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """torch's CPU threads set to ``n`` (a process-wide setting; 0 or less: unchanged),
-    restored after."""
-    before = torch.get_num_threads()
-    if n <= 0 or n == before:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@contextmanager
-def solver_threads(device: torch.device, threads: int) -> Iterator[None]:
-    """Run the solvers' small dense linear algebra (batched inverses, SVDs of n x n
-    statistics) with few CPU threads: on a loaded machine, OpenMP-parallel LAPACK over
-    small matrices is up to 10x slower than one thread (measured on these CPUs). Only
-    ever lowers the count, and only on the CPU."""
-    lower = device.type == "cpu" and 0 < threads < torch.get_num_threads()
-    with torch_threads(threads if lower else 0):
-        yield
-
-
 @attrs.define
 class SolveContext:
     """Per-run settings and instruments handed to every solver."""
@@ -383,15 +357,6 @@ class SolveContext:
     #: stopping early once a step gains less than ``rtol`` (relative)
     max_iter: int = 5
     rtol: float = 1e-6
-    #: CPU threads for the solvers' own linear algebra (0: leave torch's setting)
-    threads: int = 1
-    #: linear assignments of one schedule class solved at once, in threads (scipy's
-    #: releases the GIL), beside the next space's statistics; more than 1 gained nothing
-    #: on 2 cores and costs memory (docs/matching.md)
-    lap_workers: int = 1
-    #: on few cores, batched solves (the within-head maps) run in a worker beside the
-    #: statistics of the class's other spaces (``_Engine._overlap``)
-    overlap: bool = True
 
 
 # ---------------------------------------------------------------------------------------

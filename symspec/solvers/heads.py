@@ -1,14 +1,15 @@
 """Heads(H, parts..., kv=K): a head permutation, then each part's within-head maps.
 
 1. The head permutation comes from an assignment on a similarity of heads that the
-   within-head maps cannot change. For a part whose terms act on both sides of a pairing
-   (QK: queries ``co``, keys ``contra``; OV: values ``co``, the output projection
-   ``contra``) it is the inner product of the per-head circuits ``Co_h^T Ct_h``
-   (W_Q^T W_K, W_V^T W_O^T: GL-invariant), computed from dh x dh blocks of the
-   cross-covariances, ``<Co_a Co_b^T, Ct_a Ct_b^T>``, never from d x d circuits. Parts
-   whose within group is orthogonal use the value of the best within-head map (the
-   nuclear norm of the block); the trivial group uses the trace (exact); a one-sided
-   non-orthogonal part the least-squares fit ``tr(C G^-1 C^T)``.
+   within-head maps cannot change. For a part whose within group is not orthogonal and
+   whose terms act on both sides of a pairing (QK: queries ``co``, keys ``contra``; OV:
+   values ``co``, the output projection ``contra``) it is the inner product of the
+   per-head circuits ``Co_h^T Ct_h`` (W_Q^T W_K, W_V^T W_O^T: GL-invariant), computed
+   from dh x dh blocks of the cross-covariances, ``<Co_a Co_b^T, Ct_a Ct_b^T>``, never
+   from d x d circuits. Every other part uses its within group's best fit
+   (:meth:`~symspec.groups.Group.best_fit`): the trace for the trivial group (exact),
+   the nuclear norm of the block for orthogonal groups (co and contra coincide), the
+   least-squares fit ``tr(C G^-1 C^T)`` otherwise.
 2. With grouped-query attention (K < H) the assignment is nested: for every pair of
    key/value groups, an inner assignment of their query heads; then the outer one.
 3. With the permutation fixed, each part's within-head elements are solved by the
@@ -54,60 +55,70 @@ def _part_terms(group: Heads, terms: list[Term]) -> dict[str, list[tuple[Term, b
 
 def head_similarity(group: Heads, terms: list[Term]) -> tuple[torch.Tensor, torch.Tensor]:
     """(S [H, H], S_kv [K, K]): how well head b of B fits head a of A (larger: better)."""
-    h, k, gs = group.heads, group.kv, group.group_size
+    h, k = group.heads, group.kv
     sq: torch.Tensor | None = None
     skv: torch.Tensor | None = None
     for name, pts in _part_terms(group, terms).items():
         if not pts:
             continue
         within = group.part(name)
-        dh = within.n
-        ref = pts[0][0].cross()
-        zeros_q = torch.zeros(h, h, dtype=ref.dtype, device=ref.device)
-        if within.kind == "Id":
-            # exact: the objective is -2 tr(C_ab) + constants
+        if within.is_trivial():
+            # its fit is linear in the statistics (exact): summed term by term, the key/value
+            # views at their own level
             for t, kv_view in pts:
-                tr = torch.diagonal(_blocks(t.cross(), k if kv_view else h, dh), dim1=-2, dim2=-1).sum(-1)
+                fit = within.best_fit(_blocks(t.cross(), k if kv_view else h, within.n), _no_gram)
                 if kv_view:
-                    skv = tr if skv is None else skv + tr
+                    skv = fit if skv is None else skv + fit
                 else:
-                    sq = tr if sq is None else sq + tr
+                    sq = fit if sq is None else sq + fit
             continue
-        blocks: dict[str, torch.Tensor | None] = {"co": None, "contra": None}
-        grams: dict[str, torch.Tensor | None] = {"co": None, "contra": None}
-        for t, kv_view in pts:
-            var = "co" if within.is_orthogonal() else t.variance
-            b = _blocks(t.cross(), k if kv_view else h, dh)
-            b = _to_query(b, k, gs) if kv_view else b
-            prev = blocks[var]
-            blocks[var] = b if prev is None else prev + b
-        if blocks["co"] is not None and blocks["contra"] is not None:
-            part = (blocks["co"] * blocks["contra"]).sum((-1, -2))  # type: ignore[operator]
-        elif within.is_orthogonal():
-            co_blocks = blocks["co"]
-            assert co_blocks is not None
-            part = torch.linalg.matrix_norm(co_blocks.to(torch.float64), ord="nuc").to(ref.dtype)
-        else:
-            var = "co" if blocks["co"] is not None else "contra"
-            for t, kv_view in pts:
-                g = t.gram_blocks(dh)
-                g = g[None].expand(k, *g.shape) if kv_view else g[None].expand(h, *g.shape)
-                g = _to_query(g, k, gs) if kv_view else g
-                prev_g = grams[var]
-                grams[var] = g if prev_g is None else prev_g + g
-            c_blocks, g_blocks = blocks[var], grams[var]
-            assert c_blocks is not None and g_blocks is not None
-            c = c_blocks.to(torch.float64)
-            g = g_blocks.to(torch.float64)
-            lam = torch.diagonal(g, dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300) * 1e-12
-            sol = torch.linalg.solve(g + lam[..., None, None] * torch.eye(dh, dtype=g.dtype, device=g.device), c.mT)
-            part = (c * sol.mT).sum((-1, -2)).to(ref.dtype)
-        sq = part + (sq if sq is not None else zeros_q)
+        part = _part_similarity(group, within, pts)
+        sq = part + (sq if sq is not None else torch.zeros(h, h, dtype=part.dtype, device=part.device))
     if sq is None:
         sq = torch.zeros(h, h, dtype=torch.float64)
     if skv is None:
         skv = torch.zeros(k, k, dtype=sq.dtype, device=sq.device)
     return sq, skv
+
+
+def _no_gram() -> torch.Tensor:
+    raise AssertionError("a linear fit reads no Gram matrix")
+
+
+def _part_similarity(group: Heads, within: Group, pts: list[tuple[Term, bool]]) -> torch.Tensor:
+    """[H, H] for one part with a non-trivial within group. Its terms' dh x dh blocks are
+    summed per variance (one sum for an orthogonal group, where co and contra coincide),
+    the key/value views broadcast to the query heads. A part with both sides of a
+    pairing is scored by the GL-invariant inner product of the head circuits; a
+    one-sided part by its within group's best fit."""
+    h, k, gs = group.heads, group.kv, group.group_size
+    dh = within.n
+    blocks: dict[str, torch.Tensor | None] = {"co": None, "contra": None}
+    for t, kv_view in pts:
+        var = "co" if within.is_orthogonal() else t.variance
+        b = _blocks(t.cross(), k if kv_view else h, dh)
+        b = _to_query(b, k, gs) if kv_view else b
+        prev = blocks[var]
+        blocks[var] = b if prev is None else prev + b
+    co, contra = blocks["co"], blocks["contra"]
+    if co is not None and contra is not None:
+        return (co * contra).sum((-1, -2))
+    one = co if co is not None else contra
+    assert one is not None
+    return within.best_fit(one, functools.partial(_query_grams, group, dh, pts))
+
+
+def _query_grams(group: Heads, dh: int, pts: list[tuple[Term, bool]]) -> torch.Tensor:
+    """B's Gram blocks of a part's terms, [H, H, dh, dh] (they depend on head b only)."""
+    h, k, gs = group.heads, group.kv, group.group_size
+    total: torch.Tensor | None = None
+    for t, kv_view in pts:
+        g = t.gram_blocks(dh)
+        g = g[None].expand(k, *g.shape) if kv_view else g[None].expand(h, *g.shape)
+        g = _to_query(g, k, gs) if kv_view else g
+        total = g if total is None else total + g
+    assert total is not None
+    return total
 
 
 def assign_heads(group: Heads, sq: torch.Tensor, skv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

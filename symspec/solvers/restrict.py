@@ -7,54 +7,40 @@ A restriction maps every space's group to a subgroup with the same representatio
   -> S(n) (on a residual stream: the paper's permutation baseline); D(n), Dpos(n) and the
   RoPE commutant, a global sign -> Id(n); a head group keeps its head permutation and drops its
   within-head maps (Heads(H, qk=GL(dh), ...) -> Heads(H, qk=Id(dh), ...));
-- ``fixed``: Id(n), the space is not searched.
+- ``fixed``: Id(n), the space is not searched; a head group keeps its head structure,
+  which its representations need (Heads(H, qk=Id(dh), ...)), so its head permutation
+  is still searched.
 
-Per kind rules live in :data:`PERMUTATION_SUBGROUP`. The solution, found in the
-subgroup, is written in the full group's terms by :func:`embed` (a permutation as an
-orthogonal matrix, the identity of the within-head maps, ...), so a transform record
-always names the spec's own groups.
+Each group kind says what its subgroups are (:meth:`~symspec.groups.Group.permutation_subgroup`,
+:meth:`~symspec.groups.Group.fixed_subgroup`) and how their elements embed in it
+(:meth:`~symspec.groups.Group.embed`): the solution, found in the subgroup, is written in
+the full group's terms by :func:`embed` (a permutation as an orthogonal matrix, the
+identity of the within-head maps, ...), so a transform record always names the spec's
+own groups.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import attrs
 import torch
 
 from ..errors import SymspecInputError, suggest
-from ..groups import GL, OC, SP, Element, Group, Heads, Id, O, S
+from ..groups import Element, Group
 from ..problem import Problem
 
 MODES = ("full", "perm", "fixed")
 
-#: group kind -> its permutation subgroup (same representation sizes)
-PERMUTATION_SUBGROUP: dict[str, Callable[[Group], Group]] = {
-    "S": lambda g: g,
-    "SP": lambda g: S(g.n),
-    "O": lambda g: S(g.n),
-    "OC": lambda g: S(g.n),
-    "GL": lambda g: S(g.n),
-    "D": lambda g: Id(g.n),
-    "Dpos": lambda g: Id(g.n),
-    "RoPE": lambda g: Id(g.n),
-    "Sign": lambda g: Id(g.n),
-    "Id": lambda g: g,
-    # head permutations only: the within-head maps are not searched (the paper's baseline)
-    "Heads": lambda g: Heads(g.heads, tuple((name, Id(w.n)) for name, w in g.parts), g.kv),  # type: ignore[attr-defined]
-}
-
 
 def restrict_group(group: Group, mode: str) -> Group:
+    """``group`` restricted by ``mode`` (one of :data:`MODES`)."""
     if mode == "full":
         return group
     if mode == "fixed":
-        return Id(group.n) if not isinstance(group, Heads) else Heads(group.heads, tuple((n, Id(w.n)) for n, w in group.parts), group.kv)
+        return group.fixed_subgroup()
     if mode == "perm":
-        rule = PERMUTATION_SUBGROUP.get(group.kind)
-        if rule is None:
-            raise SymspecInputError(f"no permutation subgroup known for {group}")
-        return rule(group)
+        return group.permutation_subgroup()
     raise SymspecInputError(f"unknown group restriction '{mode}'; use one of {', '.join(MODES)}")
 
 
@@ -98,24 +84,7 @@ def restrict_problem(problem: Problem, modes: Mapping[str, str]) -> Problem:
     return attrs.evolve(problem, spaces=spaces)
 
 
-def _batch(group: Group, e: Element) -> tuple[int, ...]:
-    return group.batch_shape(e) if not isinstance(group, Heads) else ()
-
-
 def embed(full: Group, sub: Group, e: Element, dtype: torch.dtype = torch.float64) -> Element:
     """An element of ``sub`` (a subgroup of ``full``) in ``full``'s own fields; new
     floating-point fields get ``dtype``."""
-    if sub == full:
-        return e
-    device = next(iter(e.values())).device
-    if isinstance(full, Heads) and isinstance(sub, Heads):
-        parts = {name: embed(full.part(name), sub.part(name), sub.within(e, name), dtype) for name, _ in full.parts}
-        return full._assemble(e["perm"], e["qperm"], parts)
-    batch = _batch(sub, e)
-    if isinstance(sub, Id):
-        return full.identity(batch=batch, dtype=dtype, device=device)
-    if isinstance(sub, S) and isinstance(full, SP):
-        return {"perm": e["perm"], "sign": torch.ones(e["perm"].shape, dtype=dtype, device=device)}
-    if isinstance(sub, S) and isinstance(full, (O, OC, GL)):
-        return {"matrix": sub.matrix(e).to(dtype)}
-    raise SymspecInputError(f"cannot write an element of {sub} as one of {full}")
+    return full.embed(sub, e, dtype)

@@ -35,7 +35,8 @@ from .base import SolveContext, SolverError, Term, require_variances, solver
 Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # cross, gram, a_sq
 
 
-def _stats(terms: list[Term], variance: str, batch: tuple[int, ...], n: int, device: torch.device) -> Stats | None:
+def _stats(terms: list[Term], variance: str, n: int) -> Stats | None:
+    """The summed statistics of the terms of one variance, batch flattened, in float64."""
     sel = [t for t in terms if t.variance == variance]
     if not sel:
         return None
@@ -43,12 +44,6 @@ def _stats(terms: list[Term], variance: str, batch: tuple[int, ...], n: int, dev
     g = sum(t.gram().to(torch.float64) for t in sel)
     a = sum(t.a_sq().to(torch.float64) for t in sel)
     return (c.reshape(-1, n, n), g.reshape(-1, n, n), a.reshape(-1))  # type: ignore[union-attr]
-
-
-def _quad(x: torch.Tensor, s: Stats) -> torch.Tensor:
-    """||a - X b||^2 summed, from the statistics: a_sq - 2<X, C> + <X G, X>."""
-    c, g, a = s
-    return a - 2 * (x * c).sum((-1, -2)) + ((x @ g) * x).sum((-1, -2))
 
 
 def _ls(s: Stats) -> torch.Tensor:
@@ -258,9 +253,9 @@ def _minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx:
 def solve_gl(group: Group, terms: list[Term], current: Element, ctx: SolveContext) -> Element:
     require_variances(group, terms, {"co", "contra"})
     m = current["matrix"]
-    batch, n = tuple(m.shape[:-2]), group.n
-    co = _stats(terms, "co", batch, n, m.device)
-    ct = _stats(terms, "contra", batch, n, m.device)
+    n = group.n
+    co = _stats(terms, "co", n)
+    ct = _stats(terms, "contra", n)
     if co is None and ct is None:
         return current
     x = minimize_gl(co, ct, m.to(torch.float64).reshape(-1, n, n), ctx, _gram_a(terms, "contra", n) if co and ct else None)
@@ -315,7 +310,7 @@ def _solve_diagonal(group: Group, terms: list[Term], current: Element, ctx: Solv
     shape = tuple(d0.shape)
     n = group.n
     flat = (int(torch.tensor(shape[:-1]).prod()) if len(shape) > 1 else 1, n)
-    stats = {v: _stats(terms, v, shape[:-1], n, d0.device) for v in ("co", "contra", "abs")}
+    stats = {v: _stats(terms, v, n) for v in ("co", "contra", "abs")}
     c_co, g_co = _diag(stats["co"], flat, d0.device)
     c_ct, g_ct = _diag(stats["contra"], flat, d0.device)
     c_ab, g_ab = _diag(stats["abs"], flat, d0.device)
@@ -393,10 +388,9 @@ def _rope_pair_value(z: torch.Tensor, c: torch.Tensor, g: torch.Tensor, cc: torc
 def solve_rope(group: Group, terms: list[Term], current: Element, ctx: SolveContext) -> Element:
     assert isinstance(group, RoPE)
     require_variances(group, terms, {"co", "contra"})
-    batch = tuple(current["a"].shape[:-1])
     n, k = group.n, group.rot // 2
-    co = _stats(terms, "co", batch, n, current["a"].device)
-    ct = _stats(terms, "contra", batch, n, current["a"].device)
+    co = _stats(terms, "co", n)
+    ct = _stats(terms, "contra", n)
     if co is None and ct is None:
         return current
     out = dict(current)
