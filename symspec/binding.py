@@ -10,7 +10,6 @@ graph when it could be traced.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -18,58 +17,33 @@ from typing import Any
 import attrs
 import torch
 
+from .canonical import STEPS, BindContext, CanonOp
 from .errors import BindError, Diagnostic, GroupError, Location, suggest
 from .groups import Group
-from .groups import parse as parse_group
 from .problem import AxisBinding, Factor, HeadMajor, ParamBinding, Problem, Segment, SpaceInstance
 from .spec.exprs import DimContext, ExprError, evaluate_dims, parse_expr
-from .spec.load import captures_of
-from .spec.model import ParamDecl, Spec, StepDecl
+from .spec.model import AxisExpr, Chain, ParamDecl, SpaceDecl, Spec
+from .spec.templates import example_name, fill, matches, template_regex
 
-_CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-@attrs.frozen
-class CanonOp:
-    """A canonicalisation step with concrete parameter names."""
-
-    kind: str
-    args: Mapping[str, Any]
-    loc: Location = attrs.field(default=Location(), eq=False, repr=False)
-    #: the index of the spec's step it comes from (one step makes one op per match)
-    step: int = attrs.field(default=-1, eq=False, repr=False)
+__all__ = ["MAX_HINTS", "MAX_UNMATCHED_SHOWN", "BoundSpec", "CanonOp", "bind", "fill", "named_tensors", "template_regex"]
 
 
 @attrs.define
 class BoundSpec:
+    """A spec bound to one model: the typed problem, the dimensions' values, the concrete
+    canonicalisation steps, and the traced graph when asked for."""
+
     spec: Spec
     problem: Problem
     dims: dict[str, int]
     canonical: tuple[CanonOp, ...]
-    shapes: dict[str, tuple[int, ...]]
     #: tie groups of the model as given (before canonicalisation)
     model_ties: tuple[tuple[str, ...], ...] = ()
-    model_class: str = ""
     graph: Any = None  # symspec.graph.ModelGraph when traced
 
     @property
     def spaces(self) -> dict[str, SpaceInstance]:
         return self.problem.spaces
-
-
-def template_regex(template: str) -> re.Pattern[str]:
-    out = []
-    pos = 0
-    for m in _CAPTURE.finditer(template):
-        out.append(re.escape(template[pos : m.start()]))
-        out.append(f"(?P<{m.group(1)}>\\d+)")
-        pos = m.end()
-    out.append(re.escape(template[pos:]))
-    return re.compile("".join(out))
-
-
-def fill(template: str, captures: Mapping[str, Any]) -> str:
-    return _CAPTURE.sub(lambda m: str(captures[m.group(1)]), template)
 
 
 def named_tensors(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[tuple[str, ...]]]:
@@ -92,10 +66,6 @@ def named_tensors(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> tuple[
     return tensors, ties
 
 
-def model_config(model: Any) -> Any:
-    return getattr(model, "config", None)
-
-
 def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, config: Any = None,
          example_inputs: Any = None, trace: bool = False) -> BoundSpec:
     """Bind ``spec`` to a model (or a state dict plus its ``config``).
@@ -103,131 +73,25 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
     With ``trace=True`` and example inputs, the model is traced into a graph
     (:func:`symspec.graph.trace`) whose nodes carry the activation sites of each space.
     """
-    diags: list[Diagnostic] = []
-    tensors, ties = named_tensors(model)
-    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-    cls_name = type(model).__name__ if isinstance(model, torch.nn.Module) else "state dict"
-    if config is None and isinstance(model, torch.nn.Module):
-        config = model_config(model)
-
-    # -- dimensions -------------------------------------------------------------------
-    exprs = {}
-    for d in spec.dims:
-        try:
-            exprs[d.name] = parse_expr(d.expr)
-        except ExprError as e:
-            diags.append(Diagnostic(d.loc, str(e)))
-    module = model if isinstance(model, torch.nn.Module) else None
-    dims, errors = evaluate_dims(exprs, DimContext({}, config, shapes, module))
-    for d in spec.dims:
-        if d.name in errors:
-            diags.append(Diagnostic(d.loc, f"dimension {d.name} = {d.expr}: {errors[d.name]}"))
-
-    # -- groups of the declared spaces ----------------------------------------------------
-    groups: dict[str, Group] = {}
-    for s in spec.spaces:
-        try:
-            groups[s.name] = parse_group(s.group, dims=lambda node: DimContext(dims, config, shapes, module).evaluate(parse_expr(_unparse(node))))
-        except (GroupError, ExprError) as e:
-            diags.append(Diagnostic(s.loc, f"space {s.key}: group {s.group}: {e}"))
-
-    # -- parameters ------------------------------------------------------------------------
-    owner: dict[str, ParamDecl] = {}
-    matches: dict[ParamDecl, list[tuple[str, dict[str, int]]]] = {}
-    hint = _HintBudget()
-    unmatched: list[ParamDecl] = []
-    for decl in spec.params:
-        found = []
-        if not decl.captures:  # a plain name: a lookup, not a scan (specs may list many)
-            if decl.pattern in tensors:
-                found.append((decl.pattern, {}))
-        else:
-            rx = template_regex(decl.pattern)
-            for name in tensors:
-                m = rx.fullmatch(name)
-                if m:
-                    found.append((name, {k: int(v) for k, v in m.groupdict().items()}))
-        if not found:
-            unmatched.append(decl)
-            if len(unmatched) <= MAX_UNMATCHED_SHOWN:
-                guess = fill(decl.pattern, {c: 0 for c in decl.captures})
-                diags.append(Diagnostic(decl.loc, f"'{decl.pattern}' matches no parameter of {cls_name}", hint(guess, tensors, n=3)))
-            continue
-        matches[decl] = found
-        for name, _ in found:
-            if name in owner:
-                diags.append(Diagnostic(decl.loc, f"'{name}' is matched by both '{owner[name].pattern}' and '{decl.pattern}'"))
-            owner[name] = decl
-
-    if len(unmatched) > MAX_UNMATCHED_SHOWN:
-        rest = unmatched[MAX_UNMATCHED_SHOWN:]
-        shown = ", ".join(f"'{d.pattern}'" for d in rest[:3]) + (", ..." if len(rest) > 3 else "")
-        diags.append(Diagnostic(rest[0].loc, f"{len(rest)} more parameter template(s) match no parameter of {cls_name}: {shown}"))
-
-    spaces: dict[str, SpaceInstance] = {}
-    params: dict[str, ParamBinding] = {}
-    invariants: list[str] = []
-    space_decls = {s.name: s for s in spec.spaces}
-    for decl, found in matches.items():
-        for name, caps in found:
-            if decl.invariant:
-                invariants.append(name)
-                continue
-            pb = _bind_param(decl, name, caps, shapes[name], space_decls, groups, spaces, diags, dims)
-            if pb is not None:
-                params[name] = pb
-
-    # -- every parameter accounted for ----------------------------------------------------
-    tied_to: dict[str, tuple[str, ...]] = {n: g for g in ties for n in g}
-    unbound = [n for n in tensors if n not in owner]
-    if unbound:
-        shown = ", ".join(unbound[:8]) + (f" and {len(unbound) - 8} more" if len(unbound) > 8 else "")
-        diags.append(Diagnostic(Location(spec.source, 0, 0, "params"),
-                                f"{len(unbound)} parameter(s) of {cls_name} are neither bound nor declared invariant: {shown}",
-                                "a spec must account for every parameter: bind it to a space or declare it 'invariant'"))
-
-    # -- ties -----------------------------------------------------------------------------
-    untied = {fill_name for step in spec.canonicalize if step.kind == "untie" for fill_name in _expand_simple(step.arg("param"), tensors)}
-    declared: list[tuple[str, ...]] = []
-    for t in spec.ties:
-        rx = template_regex(t.params[0])
-        found_any = False
-        for name in tensors:
-            m = rx.fullmatch(name)
-            if not m:
-                continue
-            found_any = True
-            caps = {k: int(v) for k, v in m.groupdict().items()}
-            names = tuple(fill(p, caps) for p in t.params)
-            missing = [n for n in names if n not in tensors]
-            if missing:
-                diags.append(Diagnostic(t.loc, f"tied parameter(s) {', '.join(missing)} not in {cls_name}", hint(missing[0], tensors)))
-                continue
-            declared.append(names)
-            really = all(tied_to.get(n) is not None and set(names) <= set(tied_to[n]) for n in names)
-            if not really and isinstance(model, torch.nn.Module) and not (set(names) & untied):
-                diags.append(Diagnostic(t.loc, f"{' and '.join(names)} are declared tied, but {cls_name} stores them separately"))
-            _check_tie(names, params, spaces, untied, t.loc, diags)
-        if not found_any:
-            diags.append(Diagnostic(t.loc, f"'{t.params[0]}' matches no parameter of {cls_name}", hint(fill(t.params[0], {c: 0 for c in captures_of(t.params[0])}), tensors)))
-    declared_sets = [set(d) for d in declared]
-    for g in ties:
-        if not any(set(g) <= d for d in declared_sets):
-            diags.append(Diagnostic(Location(spec.source, 0, 0, "ties"), f"{cls_name} ties {' and '.join(g)} (one shared tensor), but the spec does not declare it",
-                                    f"add '- [{', '.join(g)}]' under ties"))
-
-    # -- canonicalisation steps -----------------------------------------------------------
-    canonical = _bind_steps(spec.canonicalize, tensors, shapes, declared, diags, hint)
-    if diags:
-        raise BindError(diags, headline=_misfit_headline(spec, cls_name, len(spec.params) - len(unmatched), len(diags), tensors))
-
+    b = _Binding(spec, _Model.of(model, config))
+    dims = b.dimensions()
+    groups = b.groups(dims)
+    found = b.match_params()
+    b.bind_params(found, groups, dims)
+    b.check_accounted()
+    untied = b.untied()
+    declared = b.bind_ties(untied)
+    canonical = b.bind_steps(declared)
+    if b.diags:
+        matched = len(spec.params) - b.unmatched
+        raise BindError(b.diags, headline=_misfit_headline(spec, b.model.cls_name, matched, len(b.diags), b.model.tensors))
     after_untie = tuple(g for g in declared if not (set(g) & untied))
-    problem = Problem(spaces=spaces, params=params, invariants=tuple(invariants), ties=after_untie)
-    bound = BoundSpec(spec, problem, dims, canonical, shapes, tuple(declared), cls_name)
-    if trace and isinstance(model, torch.nn.Module) and example_inputs is not None:
+    problem = Problem(spaces=b.spaces, params=b.params, invariants=tuple(b.invariants), ties=after_untie)
+    bound = BoundSpec(spec, problem, dims, canonical, tuple(declared))
+    if trace and b.model.module is not None and example_inputs is not None:
         from .graph import trace as trace_model
 
-        bound.graph = trace_model(model, example_inputs, bound.problem)
+        bound.graph = trace_model(b.model.module, example_inputs, bound.problem)
     return bound
 
 
@@ -250,6 +114,339 @@ class _HintBudget:
             return None
         self.left -= 1
         return suggest(name, candidates, n=n)
+
+
+@attrs.frozen
+class _Model:
+    """What binding reads of a model: its floating-point tensors, their shapes, the names
+    that share storage, its config, and the module itself (None for a state dict)."""
+
+    tensors: dict[str, torch.Tensor]
+    shapes: dict[str, tuple[int, ...]]
+    ties: list[tuple[str, ...]]
+    cls_name: str
+    config: Any
+    module: torch.nn.Module | None
+
+    @classmethod
+    def of(cls, model: torch.nn.Module | Mapping[str, torch.Tensor], config: Any) -> _Model:
+        tensors, ties = named_tensors(model)
+        module = model if isinstance(model, torch.nn.Module) else None
+        if config is None and module is not None:
+            config = getattr(module, "config", None)
+        return cls(tensors, {k: tuple(v.shape) for k, v in tensors.items()}, ties,
+                   type(model).__name__ if module is not None else "state dict", config, module)
+
+    def dim_context(self, dims: Mapping[str, int]) -> DimContext:
+        return DimContext(dims, self.config, self.shapes, self.module)
+
+
+@attrs.define
+class _Binding:
+    """One binding in progress: what is bound so far, and every problem found on the way
+    (all of them are reported together)."""
+
+    spec: Spec
+    model: _Model
+    diags: list[Diagnostic] = attrs.field(factory=list)
+    hint: _HintBudget = attrs.field(factory=_HintBudget)
+    #: parameter name -> the template that matched it
+    owner: dict[str, ParamDecl] = attrs.field(factory=dict)
+    #: how many templates matched nothing
+    unmatched: int = 0
+    spaces: dict[str, SpaceInstance] = attrs.field(factory=dict)
+    params: dict[str, ParamBinding] = attrs.field(factory=dict)
+    invariants: list[str] = attrs.field(factory=list)
+    space_decls: dict[str, SpaceDecl] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.space_decls = {s.name: s for s in self.spec.spaces}
+
+    def report(self, loc: Location, message: str, hint: str | None = None) -> None:
+        self.diags.append(Diagnostic(loc, message, hint))
+
+    # -- dimensions and groups ----------------------------------------------------------------
+    def dimensions(self) -> dict[str, int]:
+        """The declared dimensions' values on this model."""
+        exprs = {}
+        for d in self.spec.dims:
+            try:
+                exprs[d.name] = parse_expr(d.expr)
+            except ExprError as e:
+                self.report(d.loc, str(e))
+        dims, errors = evaluate_dims(exprs, self.model.dim_context({}))
+        for d in self.spec.dims:
+            if d.name in errors:
+                self.report(d.loc, f"dimension {d.name} = {d.expr}: {errors[d.name]}")
+        return dims
+
+    def groups(self, dims: Mapping[str, int]) -> dict[str, Group]:
+        """Each declared space's group, evaluated with the dimensions."""
+        ctx = self.model.dim_context(dims)
+        groups: dict[str, Group] = {}
+        for s in self.spec.spaces:
+            try:
+                groups[s.name] = s.expr.evaluate(ctx)
+            except (GroupError, ExprError) as e:
+                self.report(s.loc, f"space {s.key}: group {s.group}: {e}")
+        return groups
+
+    # -- parameters ---------------------------------------------------------------------------
+    def match_params(self) -> dict[ParamDecl, list[tuple[str, dict[str, int]]]]:
+        """The parameters each template matches; templates that match none are reported
+        (the first :data:`MAX_UNMATCHED_SHOWN` one by one, the rest counted)."""
+        tensors, cls_name = self.model.tensors, self.model.cls_name
+        found_by: dict[ParamDecl, list[tuple[str, dict[str, int]]]] = {}
+        unmatched: list[ParamDecl] = []
+        for decl in self.spec.params:
+            if not decl.captures:  # a plain name: a lookup, not a scan (specs may list many)
+                found = [(decl.pattern, {})] if decl.pattern in tensors else []
+            else:
+                found = matches(decl.pattern, tensors)
+            if not found:
+                unmatched.append(decl)
+                if len(unmatched) <= MAX_UNMATCHED_SHOWN:
+                    self.report(decl.loc, f"'{decl.pattern}' matches no parameter of {cls_name}",
+                                self.hint(example_name(decl.pattern), tensors, n=3))
+                continue
+            found_by[decl] = found
+            for name, _ in found:
+                if name in self.owner:
+                    self.report(decl.loc, f"'{name}' is matched by both '{self.owner[name].pattern}' and '{decl.pattern}'")
+                self.owner[name] = decl
+        self.unmatched = len(unmatched)
+        if len(unmatched) > MAX_UNMATCHED_SHOWN:
+            rest = unmatched[MAX_UNMATCHED_SHOWN:]
+            shown = ", ".join(f"'{d.pattern}'" for d in rest[:3]) + (", ..." if len(rest) > 3 else "")
+            self.report(rest[0].loc, f"{len(rest)} more parameter template(s) match no parameter of {cls_name}: {shown}")
+        return found_by
+
+    def bind_params(self, found_by: Mapping[ParamDecl, list[tuple[str, dict[str, int]]]],
+                    groups: Mapping[str, Group], dims: Mapping[str, int]) -> None:
+        """Bind every matched parameter's axes to the space instances they name."""
+        for decl, found in found_by.items():
+            for name, caps in found:
+                if decl.invariant:
+                    self.invariants.append(name)
+                    continue
+                pb = _ParamBinder(self, decl, name, caps, groups, dims).bind()
+                if pb is not None:
+                    self.params[name] = pb
+
+    def check_accounted(self) -> None:
+        """Every parameter must be bound or declared invariant."""
+        unbound = [n for n in self.model.tensors if n not in self.owner]
+        if unbound:
+            shown = ", ".join(unbound[:8]) + (f" and {len(unbound) - 8} more" if len(unbound) > 8 else "")
+            self.report(Location(self.spec.source, 0, 0, "params"),
+                        f"{len(unbound)} parameter(s) of {self.model.cls_name} are neither bound nor declared invariant: {shown}",
+                        "a spec must account for every parameter: bind it to a space or declare it 'invariant'")
+
+    # -- ties and canonicalisation ------------------------------------------------------------
+    def untied(self) -> set[str]:
+        """The parameters the spec's steps untie."""
+        names = list(self.model.tensors)
+        return {n for step in self.spec.canonicalize if step.kind in STEPS for n in STEPS[step.kind].unties(step, names)}
+
+    def bind_ties(self, untied: set[str]) -> list[tuple[str, ...]]:
+        """The declared ties with concrete names. Each must be a tie of the model (unless
+        untied), ask for one transform, and every tie of the model must be declared."""
+        tensors, cls_name = self.model.tensors, self.model.cls_name
+        tied_to: dict[str, tuple[str, ...]] = {n: g for g in self.model.ties for n in g}
+        declared: list[tuple[str, ...]] = []
+        for t in self.spec.ties:
+            found = matches(t.params[0], tensors)
+            for _, caps in found:
+                names = tuple(fill(p, caps) for p in t.params)
+                missing = [n for n in names if n not in tensors]
+                if missing:
+                    self.report(t.loc, f"tied parameter(s) {', '.join(missing)} not in {cls_name}", self.hint(missing[0], tensors))
+                    continue
+                declared.append(names)
+                really = all(tied_to.get(n) is not None and set(names) <= set(tied_to[n]) for n in names)
+                if not really and self.model.module is not None and not (set(names) & untied):
+                    self.report(t.loc, f"{' and '.join(names)} are declared tied, but {cls_name} stores them separately")
+                self._check_tie(names, untied, t.loc)
+            if not found:
+                self.report(t.loc, f"'{t.params[0]}' matches no parameter of {cls_name}", self.hint(example_name(t.params[0]), tensors))
+        declared_sets = [set(d) for d in declared]
+        for g in self.model.ties:
+            if not any(set(g) <= d for d in declared_sets):
+                self.report(Location(self.spec.source, 0, 0, "ties"), f"{cls_name} ties {' and '.join(g)} (one shared tensor), but the spec does not declare it",
+                            f"add '- [{', '.join(g)}]' under ties")
+        return declared
+
+    def _check_tie(self, names: tuple[str, ...], untied: set[str], loc: Location) -> None:
+        """Tied parameters must ask for the same transform, or the group would untie them."""
+        if set(names) & untied:
+            return
+        sigs = {n: _transform_signature(self.params.get(n), self.spaces) for n in names}
+        first = names[0]
+        for n in names[1:]:
+            if sigs[n] != sigs[first]:
+                a = self.params.get(first)
+                b = self.params.get(n)
+                da = ", ".join(str(x) for x in a.axes) if a else "invariant"
+                db = ", ".join(str(x) for x in b.axes) if b else "invariant"
+                groups = sorted({str(self.spaces[f].group) for p in (a, b) if p for f in p.spaces()})
+                self.report(loc, f"tied parameters {first} ({da}) and {n} ({db}) need different transforms under {', '.join(groups)}; "
+                                 "the group would untie them",
+                            f"use a group whose representations are orthogonal, or declare '- untie: {n}' under canonicalize")
+
+    def bind_steps(self, ties: list[tuple[str, ...]]) -> tuple[CanonOp, ...]:
+        """The spec's canonicalisation steps with concrete names, in order."""
+        ctx = BindContext(self.model.tensors, self.model.shapes, ties, self.diags, self.hint)
+        out: list[CanonOp] = []
+        for index, step in enumerate(self.spec.canonicalize):
+            impl = STEPS.get(step.kind)
+            if impl is None:  # a spec built in code (loading refuses unknown kinds)
+                self.report(step.loc, f"unknown step {step.kind}")
+                continue
+            out += impl.bind(step, index, ctx)
+        return tuple(out)
+
+
+@attrs.define
+class _ParamBinder:
+    """Binds the axes of one parameter to space instances (created on first use)."""
+
+    binding: _Binding
+    decl: ParamDecl
+    name: str
+    caps: dict[str, int]
+    groups: Mapping[str, Group]
+    dims: Mapping[str, int]
+
+    def bind(self) -> ParamBinding | None:
+        shape = self.binding.model.shapes[self.name]
+        axes = self.decl.axes or ()
+        if len(axes) != len(shape):
+            self.binding.report(self.decl.loc, f"{self.name} has {len(shape)} axes (shape {list(shape)}), the spec gives {len(axes)}")
+            return None
+        bindings = []
+        ok = True
+        for axis, expr in enumerate(axes):
+            if expr is None:
+                continue
+            locs = self.decl.axis_locs
+            loc = locs[axis] if axis < len(locs) else self.decl.loc
+            segments, sizes, ok_terms = self.segments(expr, loc)
+            ok = ok and ok_terms
+            if not ok:  # after a failed axis, later axes are not measured
+                continue
+            binding = self.axis(axis, expr, segments, sizes, shape[axis], loc)
+            ok = binding is not None
+            if binding is not None:
+                bindings.append(binding)
+        return ParamBinding(self.name, tuple(shape), tuple(bindings), self.decl.loc) if ok else None
+
+    def segments(self, expr: AxisExpr, loc: Location) -> tuple[list[Segment], list[int], bool]:
+        """The segments of one axis (one per part of a ``cat``), their sizes, and whether
+        every term was bound."""
+        segments: list[Segment] = []
+        sizes: list[int] = []
+        start = 0
+        ok = True
+        for chain in expr.segments:
+            factors, size, ok_chain = self.chain(chain, loc)
+            ok = ok and ok_chain
+            if size is None:
+                continue
+            sizes.append(size)
+            segments.append(Segment(start, size, tuple(factors)))
+            start += size
+        return segments, sizes, ok
+
+    def chain(self, chain: Chain, loc: Location) -> tuple[list[Factor], int | None, bool]:
+        """The factors of a composition, the size they act on, and whether all were bound."""
+        factors = []
+        size = None
+        ok = True
+        for term in chain.terms:
+            sdecl = self.binding.space_decls.get(term.space)
+            group = self.groups.get(term.space)
+            if sdecl is None or group is None:  # a group that did not evaluate is reported already
+                ok = False
+                continue
+            idx = self.caps[term.index] if isinstance(term.index, str) else term.index
+            inst_name = f"{term.space}[{idx}]" if sdecl.index else term.space
+            if inst_name not in self.binding.spaces:
+                self.binding.spaces[inst_name] = SpaceInstance(inst_name, term.space, idx if sdecl.index else None, group, sdecl.loc)
+            try:
+                tsize = group.rep_size(term.path)
+            except GroupError as e:
+                self.binding.report(loc, f"{self.name}: {e}")
+                ok = False
+                continue
+            if size is not None and tsize != size:
+                self.binding.report(loc, f"{self.name}: '{chain}' composes representations of sizes {size} and {tsize}")
+                ok = False
+            size = tsize
+            factors.append(Factor(inst_name, term.path, term.variance))
+        return factors, size, ok
+
+    def axis(self, axis: int, expr: AxisExpr, segments: list[Segment], sizes: list[int], size: int,
+             loc: Location) -> AxisBinding | None:
+        """The axis binding, if the segments fill the axis (and split into its heads)."""
+        total = sum(sizes)
+        if total != size:
+            detail = f" = {' + '.join(str(s) for s in sizes)}" if len(sizes) > 1 else ""
+            used = dict.fromkeys(f.space for seg in segments for f in seg.factors)
+            groups_txt = ", ".join(f"{u}: {self.binding.spaces[u].group}" for u in used)
+            self.binding.report(loc, f"{self.name}: axis {axis} has size {size}, but '{expr}' ({groups_txt}) expects {total}{detail}",
+                          _kv_hint(expr, size, self.groups) or "the shape contradicts the declared dimensions; check dims and groups")
+            return None
+        layout = None
+        if expr.heads is not None:
+            layout = self.head_major(expr, sizes, loc)
+            if layout is None:
+                return None
+        return AxisBinding(axis, tuple(segments), layout)
+
+    def head_major(self, expr: AxisExpr, sizes: list[int], loc: Location) -> HeadMajor | None:
+        """The index map of ``cat(..., heads=H)``: every part splits into H equal head slices."""
+        heads = expr.heads if isinstance(expr.heads, int) else self.dims.get(expr.heads)  # type: ignore[arg-type]
+        if heads is None:  # an unknown or failed dimension is reported where it is declared
+            self.binding.report(loc, f"{self.name}: '{expr}': the dimension '{expr.heads}' has no value")
+            return None
+        if heads < 1 or any(s % heads for s in sizes):
+            self.binding.report(loc, f"{self.name}: '{expr}': parts of sizes {', '.join(map(str, sizes))} do not split into "
+                               f"heads={expr.heads} ({heads}) equal head slices",
+                          "heads= counts the blocks of the stored layout: each part holds one slice per block")
+            return None
+        return HeadMajor(heads, tuple(s // heads for s in sizes))
+
+
+def _kv_hint(expr: AxisExpr, size: int, groups: Mapping[str, Group]) -> str | None:
+    """Grouped-query attention: a key/value projection bound to the query-head view."""
+    terms = expr.terms()
+    if len(expr.segments) != 1 or len(terms) != 1:
+        return None
+    t = terms[0]
+    g = groups.get(t.space)
+    kv_path = (*t.path, "kv")
+    if g is None or "kv" in t.path or kv_path not in g.rep_paths() or g.rep_size(kv_path) != size:
+        return None
+    return f"its size is that of the key/value-head view: did you mean '{attrs.evolve(t, path=kv_path)}'?"
+
+
+def _transform_signature(pb: ParamBinding | None, spaces: Mapping[str, SpaceInstance]) -> tuple[Any, ...]:
+    """What transform a binding asks for, with co == contra for orthogonal representations."""
+    if pb is None:
+        return ()
+    out = []
+    for a in pb.axes:
+        segs = []
+        for s in a.segments:
+            fs = []
+            for f in s.factors:
+                v = f.variance
+                if v == "contra" and spaces[f.space].group.is_orthogonal(f.path):
+                    v = "co"
+                fs.append((f.space, f.path, v))
+            segs.append((s.start, s.size, tuple(fs)))
+        out.append((a.axis, tuple(segs), a.layout))
+    return tuple(out)
 
 
 def _misfit_headline(spec: Spec, cls_name: str, matched: int, problems: int, tensors: Mapping[str, Any]) -> str:
@@ -295,238 +492,3 @@ def _builtin_naming(tensors: Mapping[str, Any], exclude: str) -> list[str]:
         if rxs and all(any(rx.fullmatch(t) for t in tensors) for rx in rxs):
             out.append(name)
     return out
-
-
-def _unparse(node: Any) -> str:
-    import ast
-
-    return ast.unparse(node)
-
-
-def _expand_simple(template: str | None, tensors: Mapping[str, Any]) -> list[str]:
-    if not template:
-        return []
-    rx = template_regex(template)
-    return [n for n in tensors if rx.fullmatch(n)]
-
-
-def _bind_param(decl: ParamDecl, name: str, caps: dict[str, int], shape: tuple[int, ...],
-                space_decls: dict[str, Any], groups: dict[str, Group], spaces: dict[str, SpaceInstance],
-                diags: list[Diagnostic], dims: Mapping[str, int] | None = None) -> ParamBinding | None:
-    axes_decl = decl.axes or ()
-    if len(axes_decl) != len(shape):
-        diags.append(Diagnostic(decl.loc, f"{name} has {len(shape)} axes (shape {list(shape)}), the spec gives {len(axes_decl)}"))
-        return None
-    bindings = []
-    ok = True
-    for axis, expr in enumerate(axes_decl):
-        if expr is None:
-            continue
-        loc = decl.axis_locs[axis] if axis < len(decl.axis_locs) else decl.loc
-        segments = []
-        start = 0
-        sizes = []
-        for chain in expr.segments:
-            factors = []
-            size = None
-            for term in chain.terms:
-                sdecl = space_decls.get(term.space)
-                group = groups.get(term.space)
-                if sdecl is None or group is None:
-                    ok = False
-                    continue
-                idx = caps[term.index] if isinstance(term.index, str) else term.index
-                inst_name = f"{term.space}[{idx}]" if sdecl.index else term.space
-                if inst_name not in spaces:
-                    spaces[inst_name] = SpaceInstance(inst_name, term.space, idx if sdecl.index else None, group, sdecl.loc)
-                try:
-                    tsize = group.rep_size(term.path)
-                except GroupError as e:
-                    diags.append(Diagnostic(loc, f"{name}: {e}"))
-                    ok = False
-                    continue
-                if size is not None and tsize != size:
-                    diags.append(Diagnostic(loc, f"{name}: '{chain}' composes representations of sizes {size} and {tsize}"))
-                    ok = False
-                size = tsize
-                factors.append(Factor(inst_name, term.path, term.variance))
-            if size is None:
-                continue
-            sizes.append(size)
-            segments.append(Segment(start, size, tuple(factors)))
-            start += size
-        if not ok:
-            continue
-        if start != shape[axis]:
-            parts = " + ".join(str(s) for s in sizes)
-            detail = f" = {parts}" if len(sizes) > 1 else ""
-            used = dict.fromkeys(f.space for seg in segments for f in seg.factors)
-            groups_txt = ", ".join(f"{u}: {spaces[u].group}" for u in used)
-            diags.append(Diagnostic(loc, f"{name}: axis {axis} has size {shape[axis]}, but '{expr}' ({groups_txt}) expects {start}{detail}",
-                                    _kv_hint(expr, shape[axis], groups) or "the shape contradicts the declared dimensions; check dims and groups"))
-            ok = False
-            continue
-        layout = None
-        if expr.heads is not None:
-            layout = _head_major(expr, name, sizes, dims or {}, loc, diags)
-            if layout is None:
-                ok = False
-                continue
-        bindings.append(AxisBinding(axis, tuple(segments), layout))
-    if not ok:
-        return None
-    return ParamBinding(name, tuple(shape), tuple(bindings), decl.loc)
-
-
-def _head_major(expr: Any, name: str, sizes: list[int], dims: Mapping[str, int], loc: Location,
-                diags: list[Diagnostic]) -> HeadMajor | None:
-    """The index map of ``cat(..., heads=H)``: every part splits into H equal head slices."""
-    heads = expr.heads if isinstance(expr.heads, int) else dims.get(expr.heads)
-    if heads is None:  # an unknown or failed dimension is reported where it is declared
-        diags.append(Diagnostic(loc, f"{name}: '{expr}': the dimension '{expr.heads}' has no value"))
-        return None
-    if heads < 1 or any(s % heads for s in sizes):
-        diags.append(Diagnostic(loc, f"{name}: '{expr}': parts of sizes {', '.join(map(str, sizes))} do not split into "
-                                     f"heads={expr.heads} ({heads}) equal head slices",
-                                "heads= counts the blocks of the stored layout: each part holds one slice per block"))
-        return None
-    return HeadMajor(heads, tuple(s // heads for s in sizes))
-
-
-def _kv_hint(expr: Any, size: int, groups: Mapping[str, Group]) -> str | None:
-    """Grouped-query attention: a key/value projection bound to the query-head view."""
-    terms = expr.terms()
-    if len(expr.segments) != 1 or len(terms) != 1:
-        return None
-    t = terms[0]
-    g = groups.get(t.space)
-    kv_path = (*t.path, "kv")
-    if g is None or "kv" in t.path or kv_path not in g.rep_paths() or g.rep_size(kv_path) != size:
-        return None
-    return f"its size is that of the key/value-head view: did you mean '{attrs.evolve(t, path=kv_path)}'?"
-
-
-def _transform_signature(pb: ParamBinding | None, spaces: Mapping[str, SpaceInstance]) -> tuple[Any, ...]:
-    """What transform a binding asks for, with co == contra for orthogonal representations."""
-    if pb is None:
-        return ()
-    out = []
-    for a in pb.axes:
-        segs = []
-        for s in a.segments:
-            fs = []
-            for f in s.factors:
-                v = f.variance
-                if v == "contra" and spaces[f.space].group.is_orthogonal(f.path):
-                    v = "co"
-                fs.append((f.space, f.path, v))
-            segs.append((s.start, s.size, tuple(fs)))
-        out.append((a.axis, tuple(segs), a.layout))
-    return tuple(out)
-
-
-def _check_tie(names: tuple[str, ...], params: Mapping[str, ParamBinding], spaces: Mapping[str, SpaceInstance],
-               untied: set[str], loc: Location, diags: list[Diagnostic]) -> None:
-    if set(names) & untied:
-        return
-    sigs = {n: _transform_signature(params.get(n), spaces) for n in names}
-    first = names[0]
-    for n in names[1:]:
-        if sigs[n] != sigs[first]:
-            a = params.get(first)
-            b = params.get(n)
-            da = ", ".join(str(x) for x in a.axes) if a else "invariant"
-            db = ", ".join(str(x) for x in b.axes) if b else "invariant"
-            groups = sorted({str(spaces[f].group) for p in (a, b) if p for f in p.spaces()})
-            diags.append(Diagnostic(loc, f"tied parameters {first} ({da}) and {n} ({db}) need different transforms under {', '.join(groups)}; "
-                                          "the group would untie them",
-                                    f"use a group whose representations are orthogonal, or declare '- untie: {n}' under canonicalize"))
-
-
-def _bind_steps(steps: tuple[StepDecl, ...], tensors: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]],
-                ties: list[tuple[str, ...]], diags: list[Diagnostic], hint: _HintBudget | None = None) -> tuple[CanonOp, ...]:
-    hint = hint or _HintBudget()
-    out: list[CanonOp] = []
-    untied: set[str] = set()
-    tie_of = {n: g for g in ties for n in g}
-
-    def touches_tie(name: str, loc: Location, what: str) -> None:
-        g = tie_of.get(name)
-        if g and name not in untied and not (set(g) - {name}) <= untied:
-            others = ", ".join(x for x in g if x != name)
-            diags.append(Diagnostic(loc, f"{what} changes {name}, which is tied to {others}; that would untie them",
-                                    f"declare '- untie: {name}' before this step"))
-
-    for step_index, step in enumerate(steps):
-        args = step.as_dict()
-        if step.kind == "untie":
-            names = _expand_simple(args["param"], tensors)
-            if not names:
-                diags.append(Diagnostic(step.loc, f"untie: '{args['param']}' matches no parameter", hint(args["param"], tensors)))
-            for n in names:
-                if n not in tie_of:
-                    diags.append(Diagnostic(step.loc, f"untie: {n} is not declared tied to anything"))
-                untied.add(n)
-                out.append(CanonOp("untie", {"param": n}, step.loc, step_index))
-        elif step.kind == "fold_norm":
-            rx = template_regex(args["gain"])
-            found = [(n, {k: int(v) for k, v in m.groupdict().items()}) for n in tensors if (m := rx.fullmatch(n))]
-            if not found:
-                diags.append(Diagnostic(step.loc, f"fold_norm: '{args['gain']}' matches no parameter", hint(fill(args["gain"], {c: 0 for c in captures_of(args["gain"])}), tensors)))
-            for gain, caps in found:
-                bias = fill(args["bias"], caps) if args.get("bias") else None
-                if bias is not None and bias not in tensors:
-                    diags.append(Diagnostic(step.loc, f"fold_norm: no parameter {bias}", hint(bias, tensors)))
-                    continue
-                n = shapes[gain]
-                if len(n) != 1:
-                    diags.append(Diagnostic(step.loc, f"fold_norm: {gain} has shape {list(n)}; a norm gain is a vector"))
-                    continue
-                readers = []
-                for r in args["into"]:
-                    w = fill(r["weight"], caps)
-                    rb = fill(r["bias"], caps) if r.get("bias") else None
-                    if w not in tensors:
-                        diags.append(Diagnostic(step.loc, f"fold_norm: no parameter {w}", hint(w, tensors)))
-                        continue
-                    ax = r["axis"]
-                    if not -len(shapes[w]) <= ax < len(shapes[w]) or shapes[w][ax] != n[0]:
-                        diags.append(Diagnostic(step.loc, f"fold_norm: axis {ax} of {w} (shape {list(shapes[w])}) does not have the norm's size {n[0]}"))
-                        continue
-                    if rb is not None and rb not in tensors:
-                        diags.append(Diagnostic(step.loc, f"fold_norm: no parameter {rb}", hint(rb, tensors)))
-                        continue
-                    if rb is not None:
-                        want = tuple(s for k, s in enumerate(shapes[w]) if k != ax % len(shapes[w]))
-                        if tuple(shapes[rb]) != want:
-                            diags.append(Diagnostic(step.loc, f"fold_norm: {rb} has shape {list(shapes[rb])}, but {w} without axis {ax} has {list(want)}; it is not that reader's bias"))
-                            continue
-                    if bias is not None and args.get("fold_bias", True) and rb is None:
-                        diags.append(Diagnostic(step.loc, f"fold_norm: {w} has no bias to absorb {bias}",
-                                                "set 'fold_bias: false' to keep the norm's bias (and bind it to the space)"))
-                        continue
-                    touches_tie(w, step.loc, "fold_norm")
-                    if rb:
-                        touches_tie(rb, step.loc, "fold_norm")
-                    readers.append({"weight": w, "axis": ax % len(shapes[w]), "bias": rb})
-                touches_tie(gain, step.loc, "fold_norm")
-                op_args = {"gain": gain, "bias": bias, "fold_bias": bool(args.get("fold_bias", True)), "into": readers}
-                if args.get("gain_offset"):  # only when set: records of plain folds stay as they were
-                    op_args["gain_offset"] = args["gain_offset"]
-                out.append(CanonOp("fold_norm", op_args, step.loc, step_index))
-        elif step.kind == "center":
-            writers = []
-            for template, axis in args["writers"].items():
-                names = _expand_simple(template, tensors)
-                if not names:
-                    diags.append(Diagnostic(step.loc, f"center: '{template}' matches no parameter", hint(fill(template, {c: 0 for c in captures_of(template)}), tensors)))
-                for n in names:
-                    if not -len(shapes[n]) <= axis < len(shapes[n]):
-                        diags.append(Diagnostic(step.loc, f"center: {n} has no axis {axis} (shape {list(shapes[n])})"))
-                        continue
-                    touches_tie(n, step.loc, "center")
-                    writers.append({"param": n, "axis": axis % len(shapes[n])})
-            out.append(CanonOp("center", {"writers": writers}, step.loc, step_index))
-        else:  # pragma: no cover - validated at load
-            diags.append(Diagnostic(step.loc, f"unknown step {step.kind}"))
-    return tuple(out)

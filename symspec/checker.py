@@ -31,13 +31,17 @@ from typing import Any
 import attrs
 import torch
 
-from .binding import BoundSpec, CanonOp, bind
+from .binding import BoundSpec, bind
+from .canonical import CanonOp
+from .errors import SymspecInputError, suggest
 from .groups import Element
 from .precision import KeepFloat64
 from .problem import ParamBinding, Problem
 from .spec.model import Spec
+from .statedict import check_finite
 from .transforms import inverse_elements, sample_elements, transform_tensor
-from .transforms.canonical import STEP_IMPLS, untie_module
+from .transforms.apply import reversed_binding
+from .transforms.canonical import canonicalize_structure
 
 DEFAULT_RTOL: dict[str, float] = {"float64": 1e-9, "float32": 1e-4}
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -174,33 +178,33 @@ def canonicalize_inplace(bound: BoundSpec, module: torch.nn.Module) -> None:
     """Bring ``module`` into canonical form in place: the same steps as
     :func:`~symspec.transforms.canonicalize_model`, one step at a time, so that only the
     tensors one step rewrites exist twice."""
-    for op in bound.canonical:
-        if op.kind == "untie":
-            untie_module(module, op.args["param"])
+    canonicalize_structure(bound, module)
     live = _live(module)
     views = {k: v.detach() for k, v in live.items()}
-    for op in _one_writer_at_a_time(bound.canonical):
-        if op.kind != "untie":  # done on the module above
-            _step_inplace(op, live, views)
+    for op in _value_steps(bound.canonical):
+        _step_saving(op, live, views, keep=False)
 
 
-def _step_inplace(op: CanonOp, live: Mapping[str, torch.Tensor], views: Mapping[str, torch.Tensor]) -> None:
-    """One canonicalisation step, its results copied into the module's own tensors (a
-    function of its own, so that no rewritten tensor outlives the step)."""
+def _value_steps(ops: Sequence[CanonOp]) -> list[CanonOp]:
+    """The ops that rewrite values (untie only restructures the module), each in the
+    pieces it applies in (``center``: one writer at a time)."""
+    return [piece for op in ops if op.impl.rewrites_values for piece in op.impl.pieces(op)]
+
+
+def _step_saving(op: CanonOp, live: Mapping[str, torch.Tensor], views: Mapping[str, torch.Tensor],
+                 keep: bool = True) -> dict[str, torch.Tensor]:
+    """One canonicalisation step, its results copied into the module's own tensors; the
+    old values of what it changed when ``keep``. (A function of its own, so that no
+    rewritten tensor outlives the step.)"""
     sd = dict(views)
-    STEP_IMPLS[op.kind](op, sd)
+    op.impl.apply(op, sd)
+    saved = {}
     with torch.no_grad():
         for name in [k for k, v in sd.items() if v is not views[k]]:
+            if keep:
+                saved[name] = views[name].clone()
             live[name].copy_(sd.pop(name))
-
-
-def _op_subject(op: CanonOp) -> str:
-    """What one concrete canonicalisation step acts on: the norm, the writer, the param."""
-    if op.kind == "fold_norm":
-        return str(op.args["gain"])
-    if op.kind == "center":
-        return ", ".join(w["param"] for w in op.args["writers"])
-    return str(op.args.get("param", ""))
+    return saved
 
 
 def locate_canonical_failure(model: torch.nn.Module, bound: BoundSpec, inputs: Any, dtype: str, rtol: float,
@@ -214,48 +218,26 @@ def locate_canonical_failure(model: torch.nn.Module, bound: BoundSpec, inputs: A
     identity of the computation; centring one writer adds a multiple of the all-ones
     vector that every pre-LN reader removes), so a fresh copy is canonicalised one step
     at a time and each step's output is compared with the one before it: every wrong
-    step is named, not only the first. A wrong fold is retried with the other
-    ``gain_offset`` (1 instead of none, or none instead of 1) to say whether the norm
-    multiplies by (1 + weight)."""
-    dt = DTYPES[dtype]
-    work = copy_as(model, dt)
-    keep = KeepFloat64(rewrite=exact64) if dtype == "float64" else None
-    for op in bound.canonical:
-        if op.kind == "untie":
-            untie_module(work, op.args["param"])
-    live = _live(work)
-    views = {k: v.detach() for k, v in live.items()}
-    before = _forward(work, inputs, dt, keep)
+    step is named, not only the first. A wrong step is retried in the step's other
+    reading, if it has one (a fold with the other ``gain_offset``: does the norm
+    multiply by (1 + weight)?)."""
+    trial = _StepByStep(model, bound, inputs, dtype, exact64)
+    bad, hints = trial.failing(rtol)
     total: dict[int, int] = {}
-    bad: dict[int, list[tuple[CanonOp, float]]] = {}
-    hints: dict[int, str] = {}
     for op in bound.canonical:
-        if op.kind != "untie":
+        if op.impl.rewrites_values:
             total[op.step] = total.get(op.step, 0) + 1
-    for op in bound.canonical:
-        if op.kind == "untie":
-            continue
-        rel, prev = 0.0, before
-        for part in _one_writer_at_a_time([op]):  # a centred writer at a time, as check() does
-            saved = _step_saving(part, live, views)
-            after = _forward(work, inputs, dt, keep)
-            rel = max(rel, compare(before, after)[1])
-            before = after
-        if rel <= rtol:
-            continue
-        if op.step not in bad and op.kind == "fold_norm":
-            hints[op.step] = _offset_hint(op, live, views, saved, work, inputs, dt, keep, prev, rtol)
-        bad.setdefault(op.step, []).append((op, rel))
     failing: list[str] = []
     notes: list[str] = []
     for step, ops in bad.items():
         first = ops[0][0]
         where = f"canonicalize[{step}]" if step >= 0 else "canonicalize"
-        names = [_op_subject(op) for op, _ in ops]
+        names = [op.impl.subject(op) for op, _ in ops]
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         decl = bound.spec.canonicalize[step] if 0 <= step < len(bound.spec.canonicalize) else None
-        if first.kind == "fold_norm" and len(ops) > 1 and len(ops) == total[step] and decl is not None:
-            failing.append(f"{where} {first.kind} {decl.arg('gain')} (all {len(ops)})")
+        declared = first.impl.declared_subject(decl) if decl is not None else None
+        if declared is not None and len(ops) > 1 and len(ops) == total[step]:
+            failing.append(f"{where} {first.kind} {declared} (all {len(ops)})")
         else:
             failing.append(f"{where} {first.kind} {shown}")
         note = (f"canonicalize: {first.loc}: {first.kind} of {shown} changes the function "
@@ -268,56 +250,60 @@ def locate_canonical_failure(model: torch.nn.Module, bound: BoundSpec, inputs: A
     return tuple(failing), notes
 
 
-def _step_saving(op: CanonOp, live: Mapping[str, torch.Tensor], views: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """:func:`_step_inplace` that returns the old values of what it changed."""
-    sd = dict(views)
-    STEP_IMPLS[op.kind](op, sd)
-    saved = {}
-    with torch.no_grad():
-        for name in [k for k, v in sd.items() if v is not views[k]]:
-            saved[name] = views[name].clone()
-            live[name].copy_(sd.pop(name))
-    return saved
+class _StepByStep:
+    """A fresh copy of the model in one dtype, canonicalised one step at a time, with the
+    output compared after each."""
 
+    def __init__(self, model: torch.nn.Module, bound: BoundSpec, inputs: Any, dtype: str, exact64: bool) -> None:
+        self.bound = bound
+        self.inputs = inputs
+        self.dt = DTYPES[dtype]
+        self.work = copy_as(model, self.dt)
+        self.keep = KeepFloat64(rewrite=exact64) if dtype == "float64" else None
+        canonicalize_structure(bound, self.work)
+        self.live = _live(self.work)
+        self.views = {k: v.detach() for k, v in self.live.items()}
 
-def _offset_hint(op: CanonOp, live: Mapping[str, torch.Tensor], views: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor],
-                 work: torch.nn.Module, inputs: Any, dt: torch.dtype, keep: Any, before: Sequence[torch.Tensor], rtol: float) -> str:
-    """Does the fold preserve the function with the other gain_offset? (The weights are
-    left as the wrong fold made them, so that later steps are judged as before.)"""
-    offset = op.args.get("gain_offset", 0)
-    other = 0 if offset else 1
-    wrong = {k: views[k].clone() for k in saved}
-    with torch.no_grad():
-        for k, v in saved.items():
-            live[k].copy_(v)
-        _step_saving(attrs.evolve(op, args={**op.args, "gain_offset": other}), live, views)
-        _, rel = compare(before, _forward(work, inputs, dt, keep))
-        for k, v in wrong.items():
-            live[k].copy_(v)
-    if not rel <= rtol:
-        return ""
-    if other:
-        return f"with 'gain_offset: {other}' it preserves the function: the norm multiplies by ({other} + weight)"
-    return "without gain_offset it preserves the function: the norm multiplies by its weight itself"
+    def forward(self) -> list[torch.Tensor]:
+        return _forward(self.work, self.inputs, self.dt, self.keep)
 
+    def failing(self, rtol: float) -> tuple[dict[int, list[tuple[CanonOp, float]]], dict[int, str]]:
+        """The ops that change the function, with their error, by the spec's step; and for
+        each such step, what its other reading tells (see :meth:`alternative_hint`)."""
+        before = self.forward()
+        bad: dict[int, list[tuple[CanonOp, float]]] = {}
+        hints: dict[int, str] = {}
+        for op in self.bound.canonical:
+            if not op.impl.rewrites_values:
+                continue
+            rel, prev, saved = 0.0, before, {}
+            for piece in op.impl.pieces(op):  # as check() applies it
+                saved = _step_saving(piece, self.live, self.views)
+                after = self.forward()
+                rel = max(rel, compare(before, after)[1])
+                before = after
+            if rel <= rtol:
+                continue
+            alternative = op.impl.alternative(op)
+            if op.step not in bad and alternative is not None:
+                hints[op.step] = self.alternative_hint(*alternative, saved, prev, rtol)
+            bad.setdefault(op.step, []).append((op, rel))
+        return bad, hints
 
-def _one_writer_at_a_time(ops: Sequence[CanonOp]) -> list[CanonOp]:
-    """``center`` centres each writer on its own: split it, so that only one writer's
-    centred copy (the embedding, for a language model) exists at a time."""
-    out: list[CanonOp] = []
-    for op in ops:
-        if op.kind == "center":
-            out += [attrs.evolve(op, args={**op.args, "writers": [w]}) for w in op.args["writers"]]
-        else:
-            out.append(op)
-    return out
-
-
-def _reversed_chains(binding: ParamBinding) -> ParamBinding:
-    """The binding whose factor chains run backwards: with inverse elements, it undoes
-    ``binding`` ((A B)^-1 = B^-1 A^-1)."""
-    axes = tuple(attrs.evolve(ab, segments=tuple(attrs.evolve(s, factors=s.factors[::-1]) for s in ab.segments)) for ab in binding.axes)
-    return attrs.evolve(binding, axes=axes)
+    def alternative_hint(self, other: CanonOp, told: str, saved: Mapping[str, torch.Tensor],
+                         before: Sequence[torch.Tensor], rtol: float) -> str:
+        """``told`` if the other reading of the op that just ran preserves the function, else
+        "". (The weights are left as the wrong op made them, so that later steps are judged
+        as before.)"""
+        wrong = {k: self.views[k].clone() for k in saved}
+        with torch.no_grad():
+            for k, v in saved.items():
+                self.live[k].copy_(v)
+            _step_saving(other, self.live, self.views)
+            _, rel = compare(before, self.forward())
+            for k, v in wrong.items():
+                self.live[k].copy_(v)
+        return told if rel <= rtol else ""
 
 
 class _InPlace:
@@ -369,7 +355,7 @@ class _InPlace:
                     continue
                 rev = self._reversed.get(name)
                 if rev is None:
-                    rev = self._reversed[name] = _reversed_chains(binding)
+                    rev = self._reversed[name] = reversed_binding(binding)
                 t.copy_(transform_tensor(self.problem, rev, t.detach(), inverse))
         return changed
 
@@ -420,10 +406,8 @@ class _Models:
 
     def canonicalize(self, bound: BoundSpec) -> None:
         canonicalize_inplace(bound, self.work)
-        if self.m32 is not None:
-            for op in bound.canonical:
-                if op.kind == "untie":
-                    untie_module(self.m32, op.args["param"])
+        if self.m32 is not None:  # its values come from the float64 copy
+            canonicalize_structure(bound, self.m32)
         self.refresh()
 
 
@@ -503,31 +487,48 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
         if dt not in DTYPES:
             raise ValueError(f"unknown dtype {dt!r}; use float64 or float32")
     bound = spec if isinstance(spec, BoundSpec) else bind(spec, model, example_inputs=inputs, trace=trace)
-    problem = bound.problem
     say = progress or (lambda msg: None)
     report = CheckReport(bound.spec.name, type(model).__name__, [])
-
-    declared = problem.declared_spaces()
-    if spaces is not None:
-        unknown = [s for s in spaces if s not in declared]
-        if unknown:
-            from .errors import SymspecInputError, suggest
-
-            hint = suggest(unknown[0], declared)
-            raise SymspecInputError(f"no space '{unknown[0]}' in spec '{bound.spec.name}'" + (f"; {hint}" if hint else f"; spaces: {', '.join(declared)}"))
-        declared = [s for s in declared if s in spaces]
+    declared = _chosen_spaces(bound, spaces)
     if bound.graph is not None:
         report.notes.append(_graph_note(bound))
-
-    from .errors import SymspecInputError
-    from .match import check_finite
-
     # NaN or inf weights make every comparison meaningless (a table of failed rows):
     # bad input, not a failed check
     check_finite(model.state_dict(), source or type(model).__name__)
-    where = f"{source}: " if source else ""
     say("copying the model")
     models = _Models(model, inputs, dtypes, exact64)
+    ref = _reference_outputs(models, dtypes, f"{source}: " if source else "")
+    casts = models.keep.summary() if models.keep.count else ""  # one forward pass's worth
+    say("canonicalising")
+    models.canonicalize(bound)
+    canon_out = {dt: models.run(dt) for dt in dtypes}
+    if casts:
+        report.notes.append(_casts_note(casts, exact64, tol))
+    if bound.canonical:
+        rows, notes = _canonical_rows(model, bound, inputs, ref, canon_out, tol, exact64, say)
+        report.notes.extend(notes)
+        report.rows.extend(rows)
+    del ref
+    run = _SpaceRun(bound.problem, models, dtypes, tol, canon_out, say, samples=samples, seed=seed, cond=cond)
+    report.rows.extend(run.rows(declared))
+    return report
+
+
+def _chosen_spaces(bound: BoundSpec, spaces: Sequence[str] | None) -> list[str]:
+    """The declared spaces to check: all, or those asked for (which must exist)."""
+    declared = bound.problem.declared_spaces()
+    if spaces is None:
+        return declared
+    unknown = [s for s in spaces if s not in declared]
+    if unknown:
+        hint = suggest(unknown[0], declared)
+        raise SymspecInputError(f"no space '{unknown[0]}' in spec '{bound.spec.name}'" + (f"; {hint}" if hint else f"; spaces: {', '.join(declared)}"))
+    return [s for s in declared if s in spaces]
+
+
+def _reference_outputs(models: _Models, dtypes: Sequence[str], where: str) -> dict[str, list[torch.Tensor]]:
+    """The model's outputs before any change, per dtype; a model that cannot run the
+    inputs, or returns nothing to compare, is bad input."""
     ref = {}
     for dt in dtypes:
         try:
@@ -542,103 +543,139 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
         if not ref[dt]:
             raise SymspecInputError(f"{where}the model's output holds no floating-point tensor: there is nothing to compare "
                                     "(forward must return a tensor, or a tuple, dict or model output of tensors)")
-    casts = models.keep.summary() if models.keep.count else ""  # one forward pass's worth
-    say("canonicalising")
-    models.canonicalize(bound)
-    canon_out = {dt: models.run(dt) for dt in dtypes}
-    if casts:
-        if exact64:
-            report.notes.append(f"float64: the model casts float64 to float32 internally (per forward pass: {casts}); "
-                                "this check kept those casts in float64")
-        else:
-            tol["float64"] = max(tol["float64"], tol.get("float32", DEFAULT_RTOL["float32"]))
-            report.notes.append(f"float64: the model computes parts in float32 (per forward pass: {casts}); "
-                                f"float64 rows use rtol {tol['float64']:.0e}")
-    if bound.canonical:
-        canon_rows = []
-        for dt in dtypes:
-            a, r = compare(ref[dt], canon_out[dt])
-            canon_rows.append(CheckRow("canonicalize", ", ".join(dict.fromkeys(op.kind for op in bound.canonical)), dt, 1, a, r, tol[dt]))
-        bad = [r.dtype for r in canon_rows if not r.passed]
-        if bad:
-            say("locating the failing canonicalisation step")
-            failing, notes = locate_canonical_failure(model, bound, inputs, bad[0], tol[bad[0]], exact64)
-            canon_rows = [attrs.evolve(r, failing=failing) if not r.passed else r for r in canon_rows]
-            report.notes.extend(notes)
-        report.rows.extend(canon_rows)
-    del ref
+    return ref
 
-    mover = _InPlace(problem, models.t64)
-    insts = {d: problem.instances_of(d) for d in declared}
-    all_insts = [i for d in declared for i in insts[d]]
-    want_all = len(declared) > 1 or (bool(declared) and len(all_insts) > 1)
-    worst: dict[str, dict[str, tuple[float, float]]] = {}
 
-    def record(label: str) -> None:
+def _casts_note(casts: str, exact64: bool, tol: dict[str, float]) -> str:
+    """What the report says of a model that casts to float32 inside; without ``exact64``
+    the float64 rows get the float32 tolerance (``tol`` is updated)."""
+    if exact64:
+        return (f"float64: the model casts float64 to float32 internally (per forward pass: {casts}); "
+                "this check kept those casts in float64")
+    tol["float64"] = max(tol["float64"], tol.get("float32", DEFAULT_RTOL["float32"]))
+    return (f"float64: the model computes parts in float32 (per forward pass: {casts}); "
+            f"float64 rows use rtol {tol['float64']:.0e}")
+
+
+def _canonical_rows(model: torch.nn.Module, bound: BoundSpec, inputs: Any, ref: Mapping[str, list[torch.Tensor]],
+                    canon_out: Mapping[str, list[torch.Tensor]], tol: Mapping[str, float], exact64: bool,
+                    say: Callable[[str], None]) -> tuple[list[CheckRow], list[str]]:
+    """The canonicalize row per dtype, and where it fails, the failing steps and notes."""
+    kinds = ", ".join(dict.fromkeys(op.kind for op in bound.canonical))
+    rows = [CheckRow("canonicalize", kinds, dt, 1, *compare(ref[dt], canon_out[dt]), tol[dt]) for dt in ref]
+    bad = [r.dtype for r in rows if not r.passed]
+    if not bad:
+        return rows, []
+    say("locating the failing canonicalisation step")
+    failing, notes = locate_canonical_failure(model, bound, inputs, bad[0], tol[bad[0]], exact64)
+    return [attrs.evolve(r, failing=failing) if not r.passed else r for r in rows], notes
+
+
+class _SpaceRun:
+    """The rows of the declared spaces: sampled elements applied to the canonical weights
+    in place, keeping the worst deviation from the canonical outputs per space and dtype."""
+
+    def __init__(self, problem: Problem, models: _Models, dtypes: Sequence[str], tol: Mapping[str, float],
+                 canon_out: Mapping[str, list[torch.Tensor]], say: Callable[[str], None], *,
+                 samples: int, seed: int, cond: float) -> None:
+        self.problem = problem
+        self.models = models
+        self.dtypes = dtypes
+        self.tol = tol
+        self.canon_out = canon_out
+        self.say = say
+        self.samples, self.seed, self.cond = samples, seed, cond
+        self.mover = _InPlace(problem, models.t64)
+        self.worst: dict[str, dict[str, tuple[float, float]]] = {}
+
+    def record(self, label: str) -> None:
         """Run the model as it stands and keep the worst deviation per dtype."""
-        for dt in dtypes:
-            a, r = compare(canon_out[dt], models.run(dt))
-            w = worst.setdefault(label, {}).get(dt)
+        for dt in self.dtypes:
+            a, r = compare(self.canon_out[dt], self.models.run(dt))
+            w = self.worst.setdefault(label, {}).get(dt)
             if w is None or r > w[1] or not math.isfinite(r):
-                worst[label][dt] = (a, r)
+                self.worst[label][dt] = (a, r)
 
-    def measure(label: str, elements: Mapping[str, Element]) -> None:
-        token = mover.apply(elements)
-        models.dirty.update(token[0])
-        record(label)
-        models.dirty.update(mover.undo(elements, token))
+    def measure(self, label: str, elements: Mapping[str, Element]) -> None:
+        """Apply ``elements``, record, undo."""
+        token = self.mover.apply(elements)
+        self.models.dirty.update(token[0])
+        self.record(label)
+        self.models.dirty.update(self.mover.undo(elements, token))
 
-    # The costliest space (the residual: its elements move the embeddings and every
-    # layer) acts once per sample: each sample's element is reached from the previous
-    # one's by a single action (g_k g_{k-1}^-1) and serves both its own row and, with
-    # every other space on top, the 'all' row. The other spaces' rows run first, with
-    # the costliest one at the identity; the last element is undone only if a failure
-    # has to be located afterwards.
-    cost = {d: sum(math.prod(problem.params[p].shape) for i in insts[d] for p in problem.params_of(i)) for d in declared}
-    pivot = max(declared, key=lambda d: cost[d]) if len(declared) > 1 else None
-    if pivot is not None and _shares_chain(problem, set(insts[pivot])):
-        pivot = None  # its chains mix with other spaces': 'all' must be applied at once
-    drawn = [sample_elements(problem, all_insts, seed=seed * 1000 + k, cond=cond) for k in range(samples)]
-    rest = [d for d in declared if d != pivot]
-    for d in rest:
-        walk = _Walk(problem, mover, models, insts[d])
+    def sample(self, insts: Sequence[str], seed: int) -> dict[str, Element]:
+        return sample_elements(self.problem, list(insts), seed=seed, cond=self.cond)
+
+    def rows(self, declared: Sequence[str]) -> list[CheckRow]:
+        insts = {d: self.problem.instances_of(d) for d in declared}
+        all_insts = [i for d in declared for i in insts[d]]
+        want_all = len(declared) > 1 or (bool(declared) and len(all_insts) > 1)
+        pivot_walk = self.sample_all(declared, insts, want_all)
+        rows = []
+        for d in declared:
+            rows += self.space_rows(d, insts[d], pivot_walk)
+        if want_all:
+            rows += [CheckRow("all", f"{len(all_insts)} spaces", dt, self.samples, *self.worst["all"][dt], self.tol[dt]) for dt in self.dtypes]
+        return rows
+
+    def sample_all(self, declared: Sequence[str], insts: Mapping[str, list[str]], want_all: bool) -> _Walk | None:
+        """Every space's samples, and all spaces' together; the walk of the pivot space,
+        whose last element is still applied (None without a pivot).
+
+        The costliest space (the residual: its elements move the embeddings and every
+        layer) acts once per sample: each sample's element is reached from the previous
+        one's by a single action (g_k g_{k-1}^-1) and serves both its own row and, with
+        every other space on top, the 'all' row. The other spaces' rows run first, with
+        the costliest one at the identity; the last element is undone only if a failure
+        has to be located afterwards."""
+        problem = self.problem
+        all_insts = [i for d in declared for i in insts[d]]
+        cost = {d: sum(math.prod(problem.params[p].shape) for i in insts[d] for p in problem.params_of(i)) for d in declared}
+        pivot = max(declared, key=lambda d: cost[d]) if len(declared) > 1 else None
+        if pivot is not None and _shares_chain(problem, set(insts[pivot])):
+            pivot = None  # its chains mix with other spaces': 'all' must be applied at once
+        drawn = [self.sample(all_insts, self.seed * 1000 + k) for k in range(self.samples)]
+        rest = [d for d in declared if d != pivot]
+        for d in rest:
+            walk = _Walk(problem, self.mover, self.models, insts[d])
+            for k, elems in enumerate(drawn):
+                self.say(f"sample {k + 1}/{self.samples}: {d}")
+                walk.to({i: elems[i] for i in insts[d]})
+                self.record(d)
+            walk.home()
+        if want_all and pivot is None:
+            for k, elems in enumerate(drawn):
+                self.say(f"sample {k + 1}/{self.samples}: all spaces together")
+                self.measure("all", elems if len(declared) > 1 else self.sample(all_insts, self.seed * 1000 + 500 + k))
+        if pivot is None:
+            return None
+        pivot_walk = _Walk(problem, self.mover, self.models, insts[pivot])
         for k, elems in enumerate(drawn):
-            say(f"sample {k + 1}/{samples}: {d}")
-            walk.to({i: elems[i] for i in insts[d]})
-            record(d)
-        walk.home()
-    if want_all and pivot is None:
-        for k, elems in enumerate(drawn):
-            say(f"sample {k + 1}/{samples}: all spaces together")
-            measure("all", elems if len(declared) > 1 else sample_elements(problem, all_insts, seed=seed * 1000 + 500 + k, cond=cond))
-    pivot_walk = _Walk(problem, mover, models, insts[pivot]) if pivot is not None else None
-    if pivot_walk is not None:
-        for k, elems in enumerate(drawn):
-            say(f"sample {k + 1}/{samples}: {pivot}, then all spaces together")
+            self.say(f"sample {k + 1}/{self.samples}: {pivot}, then all spaces together")
             pivot_walk.to({i: elems[i] for i in insts[pivot]})
-            record(pivot)
-            measure("all", {i: elems[i] for d in rest for i in insts[d]})
-        # the last element stays applied unless a failure must be located below
+            self.record(pivot)
+            self.measure("all", {i: elems[i] for d in rest for i in insts[d]})
+        return pivot_walk
 
-    for d in declared:
-        label = d if len(insts[d]) == 1 and problem.spaces[insts[d][0]].index is None else f"{d}[*]"
-        groups = sorted({str(problem.spaces[i].group) for i in insts[d]})
-        rows = [CheckRow(label, " | ".join(groups), dt, samples, *worst[d][dt], tol[dt]) for dt in dtypes]
-        if len(insts[d]) > 1 and not all(r.passed for r in rows):
-            if pivot_walk is not None:
-                pivot_walk.home()
-            failing = []
-            for inst in insts[d]:
-                say(f"locating the failure: {inst}")
-                worst.pop(inst, None)
-                measure(inst, sample_elements(problem, [inst], seed=seed * 1000, cond=cond))
-                if any(not CheckRow(inst, "", dt, 1, *worst[inst][dt], tol[dt]).passed for dt in dtypes):
-                    failing.append(inst)
-            rows = [attrs.evolve(r, failing=tuple(failing)) if not r.passed else r for r in rows]
-        report.rows.extend(rows)
-    if want_all:
-        report.rows.extend(CheckRow("all", f"{len(all_insts)} spaces", dt, samples, *worst["all"][dt], tol[dt]) for dt in dtypes)
-    return report
+    def space_rows(self, d: str, insts: Sequence[str], pivot_walk: _Walk | None) -> list[CheckRow]:
+        """The rows of one declared space; when they fail and it has several instances,
+        each instance is checked alone to name the failing ones."""
+        problem = self.problem
+        label = d if len(insts) == 1 and problem.spaces[insts[0]].index is None else f"{d}[*]"
+        groups = sorted({str(problem.spaces[i].group) for i in insts})
+        rows = [CheckRow(label, " | ".join(groups), dt, self.samples, *self.worst[d][dt], self.tol[dt]) for dt in self.dtypes]
+        if len(insts) <= 1 or all(r.passed for r in rows):
+            return rows
+        if pivot_walk is not None:
+            pivot_walk.home()
+        failing = []
+        for inst in insts:
+            self.say(f"locating the failure: {inst}")
+            self.worst.pop(inst, None)
+            self.measure(inst, self.sample([inst], self.seed * 1000))
+            if any(not CheckRow(inst, "", dt, 1, *self.worst[inst][dt], self.tol[dt]).passed for dt in self.dtypes):
+                failing.append(inst)
+        return [attrs.evolve(r, failing=tuple(failing)) if not r.passed else r for r in rows]
 
 
 def _graph_note(bound: BoundSpec) -> str:
@@ -647,7 +684,3 @@ def _graph_note(bound: BoundSpec) -> str:
         return f"graph: not traced ({g.reason}); bound by parameter names only, graph features (activation sites) are off"
     n = sum(len(v) for v in g.sites.values())
     return f"graph: traced with {g.method}; {n} activation site(s) in {len(g.sites)} space(s)"
-
-
-def check_model(model: torch.nn.Module, spec: Spec, inputs: Any, **kw: Any) -> CheckReport:
-    return check(model, bind(spec, model), inputs, **kw)

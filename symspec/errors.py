@@ -89,10 +89,6 @@ class ModelLoadError(SymspecInputError):
     """A model file, folder or checkpoint that cannot be loaded."""
 
 
-class TraceError(SymspecError):
-    """A model that neither torch.fx nor torch.export can trace."""
-
-
 def suggest(name: str, candidates: Iterable[str], n: int = 1, aliases: dict[str, str] | None = None) -> str | None:
     """A 'did you mean' hint for ``name`` among ``candidates`` (None when nothing is close).
 

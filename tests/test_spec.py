@@ -12,8 +12,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from symspec.errors import SpecError
+from symspec.errors import GroupError, SpecError
 from symspec.spec import builtin_names, dump_spec, load_spec, loads_spec, parse_axis
+from symspec.spec.exprs import DimContext
+from symspec.spec.groupexpr import parse_group_expr
 from symspec.spec.model import (
     AxisExpr,
     AxisSyntaxError,
@@ -239,3 +241,35 @@ def test_json_schema_accepts_valid_and_rejects_invalid_documents() -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
     json.dumps(schema)
+
+
+# -- group expressions: parsed once, checked without dimensions, evaluated with them -------
+
+def test_group_text_is_parsed_once_and_evaluates_with_the_dimensions() -> None:
+    spec = loads_spec(MINIMAL.replace("resid: O(d)", "resid: O(d)\n  attn: Heads(2, qk=GL(d / 2), ov=GL(d / 2), kv=1)"))
+    attn = spec.space("attn")
+    assert attn.expr is parse_group_expr(attn.group)  # the parsed form is reused
+    assert attn.expr.names == {"d"}
+    assert attn.expr.rep_paths() == [("qk",), ("qk", "kv"), ("ov",), ("ov", "kv")]
+    assert str(attn.expr.evaluate(DimContext({"d": 8}))) == "Heads(2, qk=GL(4), ov=GL(4), kv=1)"
+    with pytest.raises(GroupError, match="must divide"):  # sizes are checked with the dimensions
+        parse_group_expr("Heads(d, GL(2), kv=3)").evaluate(DimContext({"d": 8}))
+
+
+@pytest.mark.parametrize(("group", "message"), [
+    # the structure of a head group does not depend on its (symbolic) number of heads
+    ("Heads(d)", "Heads: Heads needs a within-head group"),
+    ("Heads(d, GL(2), qk=GL(2))", "Heads: part names must be distinct"),
+    ("Heads(d, qk=Heads(2, GL(2)))", "Heads: a within-head group cannot itself be a head group"),
+    ("RoPE(d, layout=diagonal)", "RoPE: option layout must be one of half, interleaved, got 'diagonal'"),
+    ("S(d, 2)", "S takes at most 1 positional argument(s), got 2"),
+    ("S(d // x)", "unknown dimension 'x' in group 'S(d // x)'"),
+])
+def test_group_structure_is_checked_at_load_whatever_the_dimensions(group: str, message: str) -> None:
+    errs = errors_of(MINIMAL.replace("resid: O(d)", f"resid: O(d)\n  g: {group}"))
+    assert errs == [f"spec.yaml:7:6: spaces.g: {message}"], errs
+
+
+def test_every_unknown_dimension_of_a_group_is_reported() -> None:
+    errs = errors_of(MINIMAL.replace("resid: O(d)", "resid: O(d)\n  g: Heads(h, qk=GL(q), kv=z)"))
+    assert [e.split(": ", 2)[2].split(" in group")[0] for e in errs] == [f"unknown dimension '{n}'" for n in "hqz"]

@@ -41,19 +41,20 @@ def parse_expr(text: str | int) -> ast.expr:
     if not isinstance(text, str):
         raise ExprError(f"expected an integer expression, got {_short(repr(text))}")
     node = parse_python_expr(text)
-    _validate(node)
+    validate_expr(node)
     return node
 
 
-def parse_python_expr(text: str) -> ast.expr:
+def parse_python_expr(text: str, what: str = "") -> ast.expr:
     """``text`` parsed as a Python expression, within :data:`MAX_EXPR_CHARS` and
-    :data:`MAX_EXPR_DEPTH` (group expressions are parsed with this too)."""
+    :data:`MAX_EXPR_DEPTH` (group expressions are parsed with this too: ``what="group"``
+    names them in the error)."""
     if len(text) > MAX_EXPR_CHARS:
         raise ExprError(f"the expression is {len(text):,} characters long; at most {MAX_EXPR_CHARS:,} are accepted")
     try:
         node = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as e:
-        raise ExprError(f"cannot parse '{_short(text)}': {e.msg}") from None
+        raise ExprError(f"cannot parse {what + ' ' if what else ''}'{_short(text)}': {e.msg}") from None
     except (RecursionError, MemoryError):  # the parser's own limits on nesting
         raise ExprError(f"'{_short(text)}' nests too deeply to parse") from None
     stack = [(node, 1)]
@@ -122,7 +123,8 @@ _BINOPS: dict[type, Callable[[int, int], int]] = {
 }
 
 
-def _validate(node: ast.expr) -> None:
+def validate_expr(node: ast.expr) -> None:
+    """Raise :class:`ExprError` unless ``node`` is in the dimension-expression language."""
     if isinstance(node, ast.Constant):
         if not isinstance(node.value, (int, str)) or isinstance(node.value, bool):
             raise ExprError(f"unsupported constant {node.value!r}")
@@ -137,17 +139,17 @@ def _validate(node: ast.expr) -> None:
     elif isinstance(node, ast.BinOp):
         if not isinstance(node.op, (*_BINOPS, ast.Div)):
             raise ExprError(f"unsupported operator in '{ast.unparse(node)}'")
-        _validate(node.left)
-        _validate(node.right)
+        validate_expr(node.left)
+        validate_expr(node.right)
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        _validate(node.operand)
+        validate_expr(node.operand)
     elif isinstance(node, ast.Call):
         if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
             raise ExprError(f"unknown function in '{ast.unparse(node)}'; functions: {', '.join(FUNCTIONS)}")
         if node.keywords:
             raise ExprError(f"{node.func.id}() takes no keyword arguments")
         for a in node.args:
-            _validate(a)
+            validate_expr(a)
     else:
         raise ExprError(f"unsupported expression '{ast.unparse(node)}'")
 

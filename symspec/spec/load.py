@@ -13,11 +13,10 @@ from typing import Any
 
 import yaml
 
-from ..errors import SpecError, suggest
-from ..groups import REGISTRY, Group
-from ..groups import parse as parse_group
-from ..groups.base import ALIASES
-from .exprs import ExprError, parse_expr, parse_python_expr, static_errors
+from ..errors import GroupError, SpecError, suggest
+from ..groups import ALIASES, REGISTRY
+from .exprs import ExprError, parse_expr, static_errors
+from .groupexpr import GroupExpr, UnknownGroupError, parse_group_expr
 from .model import (
     AxisExpr,
     AxisSyntaxError,
@@ -30,11 +29,11 @@ from .model import (
     parse_axis,
 )
 from .steps import validate_step
+from .templates import BRACED, captures_of
 from .yamlsrc import KeyPath, Source, decode_spec, load_source, spec_error
 
 FORMAT_VERSION = 1
 TOP_KEYS = ("symspec", "name", "description", "models", "dims", "spaces", "params", "ties", "canonicalize")
-_CAPTURE = re.compile(r"\{([^{}]*)\}")
 _SPACE_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[([A-Za-z_][A-Za-z0-9_]*)\])?$")
 
 
@@ -85,11 +84,11 @@ def load_spec(source: str | Path) -> Spec:
 
 def check_template(src: Source, template: str, path: KeyPath) -> bool:
     ok = True
-    for m in _CAPTURE.finditer(template):
+    for m in BRACED.finditer(template):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", m.group(1)):
             src.error(path, f"'{{{m.group(1)}}}' in '{template}' is not a valid capture (use e.g. {{i}})")
             ok = False
-    stripped = _CAPTURE.sub("", template)
+    stripped = BRACED.sub("", template)
     if "{" in stripped or "}" in stripped:
         src.error(path, f"unbalanced braces in parameter name '{template}'")
         ok = False
@@ -97,10 +96,6 @@ def check_template(src: Source, template: str, path: KeyPath) -> bool:
         src.error(path, "empty parameter name")
         ok = False
     return ok
-
-
-def captures_of(template: str) -> tuple[str, ...]:
-    return tuple(m.group(1) for m in _CAPTURE.finditer(template))
 
 
 def _structure(src: Source) -> Spec | None:
@@ -140,8 +135,8 @@ def _structure(src: Source) -> Spec | None:
     raw_dims = data.get("dims")
     dim_names = {d.name for d in dims} | ({k for k in raw_dims if isinstance(k, str) and k.isidentifier()}
                                           if isinstance(raw_dims, dict) else set())
-    spaces = _spaces(src, data.get("spaces"), dim_names)
-    params = _params(src, data.get("params"), {s.name: s for s in spaces}, dim_names)
+    spaces, groups = _spaces(src, data.get("spaces"), dim_names)
+    params = _params(src, data.get("params"), {s.name: s for s in spaces}, groups, dim_names)
     ties = _ties(src, data.get("ties", []))
     steps = _steps(src, data.get("canonicalize", []))
     return Spec(
@@ -234,70 +229,36 @@ def _names(node: ast.expr) -> set[str]:
     return names_in(node)
 
 
-def _group_check(src: Source, path: KeyPath, text: Any, dim_names: set[str]) -> Group | None:
-    """Validate a group expression statically; returns the group built with placeholder
-    dims when that is possible (to validate representation paths), else None."""
+def _group_expr(src: Source, path: KeyPath, text: Any, dim_names: set[str]) -> GroupExpr | None:
+    """Validate a space's group text as far as it goes without a model: every group kind,
+    argument and option, and the dimensions it reads. Its symbolic form, or None."""
     if not isinstance(text, str):
         src.error(path, f"a group is written like 'S(n)' or 'Heads(H, qk=GL(dh), ov=GL(dh))', got {text!r}")
         return None
     try:
-        tree = parse_python_expr(text)
-    except ExprError as e:
-        src.error(path, str(e).replace("cannot parse '", "cannot parse group '", 1))
+        expr = parse_group_expr(text)
+    except UnknownGroupError as e:
+        for kind in e.kinds:
+            src.error(path, f"unknown group '{kind}'", src.suggest(kind, REGISTRY, aliases=ALIASES) or f"known: {', '.join(sorted(REGISTRY))}")
         return None
-    ok = True
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in REGISTRY:
-            hint = src.suggest(node.func.id, REGISTRY, aliases=ALIASES)
-            src.error(path, f"unknown group '{node.func.id}'", hint or f"known: {', '.join(sorted(REGISTRY))}")
-            ok = False
-    if not ok:
-        return None
-    bad_names: list[str] = []
-
-    def resolve(node: ast.expr) -> int:
-        try:
-            expr = parse_expr(ast.unparse(node))
-        except ExprError as e:
-            raise _Stop(str(e)) from None
-        for n in _names(expr):
-            if n not in dim_names:
-                bad_names.append(n)
-        return 0  # placeholder
-
-    try:
-        parse_group(text, dims=resolve)
-    except _Stop as e:
+    except (GroupError, ExprError) as e:
         src.error(path, str(e))
         return None
-    except Exception as e:  # GroupError: unknown option, wrong arity
-        msg = str(e)
-        if "must be a positive integer" not in msg and "must divide" not in msg and "must be an even" not in msg:
-            src.error(path, msg)
-            return None
-    for n in sorted(set(bad_names)):
+    for n in sorted(expr.names - dim_names):
         src.error(path, f"unknown dimension '{n}' in group '{text}'", src.suggest(n, dim_names))
-    if bad_names:
-        return None
-    # Build with a plausible placeholder to learn the representation paths.
-    try:
-        return parse_group(text, dims=lambda node: 8)
-    except Exception:
-        return None
+    return expr
 
 
-class _Stop(Exception):
-    pass
-
-
-def _spaces(src: Source, raw: Any, dim_names: set[str]) -> list[SpaceDecl]:
+def _spaces(src: Source, raw: Any, dim_names: set[str]) -> tuple[list[SpaceDecl], dict[str, GroupExpr | None]]:
+    """The declared spaces, and each one's group in symbolic form (None where it is wrong)."""
     if raw is None:
         src.error((), "the spec declares no 'spaces'")
-        return []
+        return [], {}
     if not isinstance(raw, dict):
         src.error(("spaces",), "spaces must be a mapping: name or name[i] -> group")
-        return []
+        return [], {}
     out = []
+    groups: dict[str, GroupExpr | None] = {}
     seen: set[str] = set()
     for key, value in raw.items():
         path: KeyPath = ("spaces", key)
@@ -322,22 +283,21 @@ def _spaces(src: Source, raw: Any, dim_names: set[str]) -> list[SpaceDecl]:
                 src.error(path, "the space needs a 'group'")
                 continue
             value = value["group"]
-        if _group_check(src, gpath, value, dim_names) is None and not isinstance(value, str):
+        groups[name] = _group_expr(src, gpath, value, dim_names)
+        if not isinstance(value, str):
             continue
         out.append(SpaceDecl(name, index, value, doc, src.loc(gpath)))  # the group's position
-    return out
+    return out, groups
 
 
-def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], dim_names: set[str]) -> list[ParamDecl]:
+def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], groups: dict[str, GroupExpr | None],
+            dim_names: set[str]) -> list[ParamDecl]:
     if raw is None:
         src.error((), "the spec declares no 'params'")
         return []
     if not isinstance(raw, dict):
         src.error(("params",), "params must be a mapping: parameter name template -> axes or 'invariant'")
         return []
-    groups: dict[str, Group | None] = {}
-    for s in spaces.values():
-        groups[s.name] = _quiet_group(s.group, dim_names)
     out = []
     for pattern, value in raw.items():
         path: KeyPath = ("params", pattern)
@@ -399,14 +359,8 @@ def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], dim_names: set[
     return out
 
 
-def _quiet_group(text: str, dim_names: set[str]) -> Group | None:
-    try:
-        return parse_group(text, dims=lambda node: 8)
-    except Exception:
-        return None
-
-
-def _check_terms(src: Source, path: KeyPath, ax: AxisExpr, caps: tuple[str, ...], spaces: dict[str, SpaceDecl], groups: dict[str, Group | None]) -> None:
+def _check_terms(src: Source, path: KeyPath, ax: AxisExpr, caps: tuple[str, ...], spaces: dict[str, SpaceDecl],
+                 groups: dict[str, GroupExpr | None]) -> None:
     for term in ax.terms():
         decl = spaces.get(term.space)
         if decl is None:
@@ -460,18 +414,8 @@ def _steps(src: Source, raw: Any) -> list[StepDecl]:
         if res is None:
             continue
         kind, args = res
-        _check_step_captures(src, path, kind, args)
         out.append(StepDecl.make(kind, args, src.loc(path)))
     return out
-
-
-def _check_step_captures(src: Source, path: KeyPath, kind: str, args: dict[str, Any]) -> None:
-    if kind == "fold_norm" and "gain" in args:
-        primary = set(captures_of(args["gain"]))
-        others = [args.get("bias")] + [r.get(k) for r in args.get("into", []) for k in ("weight", "bias")]
-        for t in others:
-            if t and not set(captures_of(t)) <= primary:
-                src.error((*path, kind), f"'{t}' uses captures that the gain '{args['gain']}' does not have")
 
 
 # ---------------------------------------------------------------------------------------

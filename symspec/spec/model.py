@@ -32,6 +32,8 @@ from typing import Any
 import attrs
 
 from ..errors import Location, suggest
+from .groupexpr import GroupExpr, parse_group_expr
+from .templates import captures_of
 
 _NOLOC = Location()
 
@@ -254,6 +256,12 @@ class SpaceDecl:
     def key(self) -> str:
         return f"{self.name}[{self.index}]" if self.index else self.name
 
+    @property
+    def expr(self) -> GroupExpr:
+        """The group's symbolic form, to evaluate with a model's dimensions (parsed once
+        per text; raises for text that is no group, which loading reports)."""
+        return parse_group_expr(self.group)
+
 
 @attrs.frozen
 class ParamDecl:
@@ -268,7 +276,7 @@ class ParamDecl:
 
     @property
     def captures(self) -> tuple[str, ...]:
-        return tuple(re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", self.pattern))
+        return captures_of(self.pattern)
 
 
 def _freeze(value: Any) -> Any:
@@ -335,8 +343,3 @@ class Spec:
             if s.name == name:
                 return s
         raise KeyError(name)
-
-    def with_groups(self, restrict: Mapping[str, str]) -> Spec:
-        """A copy with some spaces' groups replaced (e.g. to test a smaller group)."""
-        spaces = tuple(attrs.evolve(s, group=restrict.get(s.name, s.group)) for s in self.spaces)
-        return attrs.evolve(self, spaces=spaces)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..canonical import STEPS
 from ..groups import REGISTRY
 from .load import FORMAT_VERSION
-from .steps import STEPS, json_schema_for
 
 AXIS_DOC = (
     "An axis expression: 'resid' (covariant), 'resid*' (contravariant: an input axis or the dual "
@@ -80,7 +80,7 @@ def json_schema() -> dict[str, Any]:
             },
             "canonicalize": {
                 "type": "array",
-                "items": {"oneOf": [json_schema_for(s) for s in STEPS.values()]},
+                "items": {"oneOf": [s.json_schema() for s in STEPS.values()]},
             },
         },
     }

@@ -1,17 +1,16 @@
-"""Transforms: group elements acting on state dicts, and canonicalisation passes."""
+"""Transforms: group elements acting on state dicts, and canonicalisation passes.
+
+They see the typed problem and the concrete canonicalisation steps, never the spec or the
+binding (planted copies, which bind a spec first, are :mod:`symspec.planting`)."""
 
 from .apply import apply_elements, inverse_elements, sample_elements, transform_tensor
-from .canonical import STEP_IMPLS, canonicalize_model, canonicalize_state_dict
-from .planting import PlantedCopy, plant
+from .canonical import canonicalize_model, canonicalize_state_dict
 
 __all__ = [
-    "STEP_IMPLS",
-    "PlantedCopy",
     "apply_elements",
     "canonicalize_model",
     "canonicalize_state_dict",
     "inverse_elements",
-    "plant",
     "sample_elements",
     "transform_tensor",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import attrs
 import torch
 
 from ..groups import Element
@@ -76,6 +77,14 @@ def _storage_key(t: torch.Tensor) -> tuple[object, ...]:
         return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.device)
     except (RuntimeError, NotImplementedError):
         return (id(t),)
+
+
+def reversed_binding(binding: ParamBinding) -> ParamBinding:
+    """The binding whose factor chains (``mlp[i] @ scale[i]``) run backwards: with inverse
+    elements it undoes ``binding`` ((A B)^-1 = B^-1 A^-1)."""
+    axes = tuple(attrs.evolve(ab, segments=tuple(attrs.evolve(s, factors=s.factors[::-1]) for s in ab.segments))
+                 for ab in binding.axes)
+    return attrs.evolve(binding, axes=axes)
 
 
 def inverse_elements(problem: Problem, elements: Mapping[str, Element]) -> dict[str, Element]:

@@ -17,9 +17,11 @@ from typing import Any
 import attrs
 import torch
 
-from ..groups import Element
-from .apply import apply_elements, sample_elements
-from .canonical import canonicalize_model, canonicalize_state_dict
+from .binding import BoundSpec, bind
+from .groups import Element
+from .spec import load_spec
+from .spec.model import Spec
+from .transforms import apply_elements, canonicalize_model, canonicalize_state_dict, sample_elements
 
 
 @attrs.frozen
@@ -31,7 +33,7 @@ class PlantedCopy:
     model: torch.nn.Module
     canonical: torch.nn.Module
     elements: dict[str, Element]
-    bound: Any
+    bound: BoundSpec
 
 
 def plant(model: torch.nn.Module, spec: Any, *, seed: int = 0, spaces: Sequence[str] | None = None,
@@ -56,10 +58,6 @@ def plant(model: torch.nn.Module, spec: Any, *, seed: int = 0, spaces: Sequence[
     >>> b.lm_head.weight is b.transformer.wte.weight  # the spec unties the head: so does B
     False
     """
-    from ..binding import BoundSpec, bind
-    from ..spec import load_spec
-    from ..spec.model import Spec
-
     if isinstance(spec, BoundSpec):
         bound = spec
     else:

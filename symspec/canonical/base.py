@@ -1,0 +1,201 @@
+"""The canonicalisation step protocol, the records of bound steps, and the registry.
+
+A step kind is one :class:`CanonStep` subclass, registered in :data:`STEPS` under its
+name. It declares its arguments once; from them it validates a spec's YAML and describes
+itself in the JSON Schema. It binds a spec's step to a model's parameter names and shapes
+(one :class:`CanonOp` per match), applies an op to a state dict, and, where the step
+changes a model's structure, to the module itself.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import torch
+
+from ..errors import Diagnostic, Location, SymspecInputError, suggest
+from ..spec.templates import example_name, matches
+from .args import Arg, TemplateCheck
+
+if TYPE_CHECKING:
+    from ..spec.model import StepDecl
+    from ..spec.yamlsrc import KeyPath, Source
+
+
+class CanonicalizationError(SymspecInputError):
+    """A model whose weights make a declared canonicalisation impossible."""
+
+
+@attrs.frozen
+class CanonOp:
+    """A canonicalisation step with concrete parameter names (what a
+    :class:`~symspec.record.TransformRecord` stores as its kind and arguments)."""
+
+    kind: str
+    args: Mapping[str, Any]
+    loc: Location = attrs.field(default=Location(), eq=False, repr=False)
+    #: the index of the spec's step it comes from (one step makes one op per match)
+    step: int = attrs.field(default=-1, eq=False, repr=False)
+
+    @property
+    def impl(self) -> CanonStep:
+        """The step kind that implements it."""
+        return STEPS[self.kind]
+
+
+@attrs.define
+class BindContext:
+    """What binding a spec's steps sees (the model's parameters and the declared ties),
+    and where it reports."""
+
+    tensors: Mapping[str, torch.Tensor]
+    shapes: Mapping[str, tuple[int, ...]]
+    #: the tie groups the spec declares
+    ties: Sequence[tuple[str, ...]]
+    diags: list[Diagnostic]
+    #: "did you mean" among the parameter names (within the binding's budget of hints)
+    hint: Callable[..., str | None]
+    #: names untied by the steps bound so far
+    untied: set[str] = attrs.field(factory=set)
+    _tie_of: dict[str, tuple[str, ...]] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._tie_of = {n: g for g in self.ties for n in g}
+
+    def is_tied(self, name: str) -> bool:
+        return name in self._tie_of
+
+    def error(self, loc: Location, message: str, hint: str | None = None) -> None:
+        self.diags.append(Diagnostic(loc, message, hint))
+
+    def matches(self, template: str) -> list[tuple[str, dict[str, int]]]:
+        return matches(template, self.tensors)
+
+    def no_match(self, loc: Location, kind: str, template: str) -> None:
+        self.error(loc, f"{kind}: '{template}' matches no parameter", self.hint(example_name(template), self.tensors))
+
+    def lacks(self, loc: Location, kind: str, name: str | None) -> bool:
+        """Report a named parameter the model does not have (None: not named, fine)."""
+        if name is None or name in self.tensors:
+            return False
+        self.error(loc, f"{kind}: no parameter {name}", self.hint(name, self.tensors))
+        return True
+
+    def touches_tie(self, name: str, loc: Location, kind: str) -> None:
+        """Report a step that changes one of tied parameters that are not untied first."""
+        group = self._tie_of.get(name)
+        if group and name not in self.untied and not (set(group) - {name}) <= self.untied:
+            others = ", ".join(x for x in group if x != name)
+            self.error(loc, f"{kind} changes {name}, which is tied to {others}; that would untie them",
+                       f"declare '- untie: {name}' before this step")
+
+
+class CanonStep(ABC):
+    """One kind of canonicalisation step (see the module's docstring)."""
+
+    kind: ClassVar[str]
+    doc: ClassVar[str]
+    args: ClassVar[tuple[Arg, ...]]
+    #: the argument a scalar shorthand (``- untie: lm_head.weight``) fills
+    shorthand: ClassVar[str | None] = None
+    #: False for a step that only changes where values live (untie): on a module,
+    #: :meth:`apply_module` is all of it
+    rewrites_values: ClassVar[bool] = True
+
+    def arg(self, name: str) -> Arg | None:
+        return next((a for a in self.args if a.name == name), None)
+
+    # -- the spec ---------------------------------------------------------------------------
+    def validate(self, src: Source, path: KeyPath, body: Any, template_check: TemplateCheck) -> dict[str, Any] | None:
+        """The step's arguments from its YAML ``body`` (defaults filled in), recording
+        errors on ``src``; None when the body is not even a mapping."""
+        if not isinstance(body, dict):
+            if self.shorthand is None:
+                src.error(path, f"{self.kind} takes a mapping of arguments: {', '.join(a.name for a in self.args)}")
+                return None
+            body = {self.shorthand: body}
+        out: dict[str, Any] = {}
+        for key in body:
+            if self.arg(str(key)) is None:
+                src.error((*path, key), f"{self.kind} has no argument '{key}'", suggest(str(key), [a.name for a in self.args]), at_key=True)
+        for a in self.args:
+            if a.name not in body:
+                if a.required:
+                    src.error(path, f"{self.kind} needs '{a.name}' ({a.doc})")
+                elif a.default is not None:
+                    out[a.name] = a.default
+                continue
+            value = a.read(src, (*path, a.name), body[a.name], template_check)
+            if value is not None:
+                out[a.name] = value
+        self.check(src, path, out)
+        return out
+
+    def check(self, src: Source, path: KeyPath, args: dict[str, Any]) -> None:
+        """Checks across arguments, after each is read (none by default)."""
+        return None
+
+    def json_schema(self) -> dict[str, Any]:
+        """The JSON Schema of one ``canonicalize`` entry of this kind."""
+        body: dict[str, Any] = {
+            "type": "object",
+            "description": self.doc,
+            "properties": {a.name: a.json() for a in self.args},
+            "required": [a.name for a in self.args if a.required],
+            "additionalProperties": False,
+        }
+        if self.shorthand:
+            body = {"oneOf": [{"type": "string", "description": f"shorthand for {{{self.shorthand}: ...}}"}, body]}
+        return {"type": "object", "properties": {self.kind: body}, "required": [self.kind], "additionalProperties": False}
+
+    # -- binding ----------------------------------------------------------------------------
+    @abstractmethod
+    def bind(self, step: StepDecl, index: int, ctx: BindContext) -> list[CanonOp]:
+        """The concrete ops of the spec's step number ``index`` on the model in ``ctx``,
+        reporting what does not fit on ``ctx``."""
+
+    def unties(self, step: StepDecl, names: Sequence[str]) -> list[str]:
+        """The parameters (among ``names``) this step unties."""
+        return []
+
+    # -- applying ---------------------------------------------------------------------------
+    @abstractmethod
+    def apply(self, op: CanonOp, sd: dict[str, torch.Tensor]) -> None:
+        """Rewrite the entries of ``sd`` the op changes (new tensors; the old ones are
+        left as they were)."""
+
+    def apply_module(self, op: CanonOp, module: torch.nn.Module) -> None:
+        """Change the module's structure as the op needs (nothing by default)."""
+        return None
+
+    def pieces(self, op: CanonOp) -> list[CanonOp]:
+        """The op as smaller ops applied one after the other (itself by default), so that
+        a step over many tensors never holds all their new values at once."""
+        return [op]
+
+    # -- reporting --------------------------------------------------------------------------
+    @abstractmethod
+    def subject(self, op: CanonOp) -> str:
+        """What the op acts on, for reports: the norm, the writers, the parameter."""
+
+    def declared_subject(self, step: StepDecl) -> str | None:
+        """What the spec's step acts on, as a template, when that names all its ops at once."""
+        return None
+
+    def alternative(self, op: CanonOp) -> tuple[CanonOp, str] | None:
+        """Another reading of an op that changes the function, and what to tell the user
+        when that one preserves it (None: no other reading)."""
+        return None
+
+
+#: step kind -> its implementation (filled by :func:`register`)
+STEPS: dict[str, CanonStep] = {}
+
+
+def register(cls: type[CanonStep]) -> type[CanonStep]:
+    """Make a step kind available to specs under its ``kind`` (usable as a class decorator)."""
+    STEPS[cls.kind] = cls()
+    return cls

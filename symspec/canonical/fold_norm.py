@@ -1,0 +1,151 @@
+"""``fold_norm``: fold a norm's gain (and bias) into the weights that read its output."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import torch
+
+from ..errors import Location
+from ..spec.templates import captures_of, fill
+from .args import BoolArg, NumberArg, ReadersArg, TemplateArg
+from .base import BindContext, CanonicalizationError, CanonOp, CanonStep
+
+if TYPE_CHECKING:
+    from ..spec.model import StepDecl
+    from ..spec.yamlsrc import KeyPath, Source
+
+
+def _along(v: torch.Tensor, axis: int, ndim: int) -> torch.Tensor:
+    shape = [1] * ndim
+    shape[axis] = -1
+    return v.reshape(shape)
+
+
+class FoldNorm(CanonStep):
+    """``- fold_norm: {gain, bias, into: [...]}``: a norm's gain and bias move into its readers."""
+
+    kind: ClassVar[str] = "fold_norm"
+    doc: ClassVar[str] = (
+        "Fold a LayerNorm/RMSNorm gain (and bias) into the weights that read the norm's "
+        "output; the norm's gain becomes 1 (and its bias 0). A norm that scales by "
+        "(gain_offset + weight), such as Gemma's RMSNorm (1 + weight), folds that factor "
+        "and its weight becomes 1 - gain_offset (0 for Gemma)."
+    )
+    args = (
+        TemplateArg("gain", True, doc="the norm's weight"),
+        NumberArg("gain_offset", False,
+                  doc="the norm multiplies by (gain_offset + weight); default 0 (1 for Gemma's RMSNorm, x * (1 + w))"),
+        TemplateArg("bias", False, doc="the norm's bias, if it has one"),
+        BoolArg("fold_bias", False, True, doc="fold the bias into the readers' biases (else keep it)"),
+        ReadersArg("into", True, doc="the readers: weight, input axis, bias"),
+    )
+
+    def check(self, src: Source, path: KeyPath, args: dict[str, Any]) -> None:
+        """Every other name is filled from the gain's captures."""
+        if "gain" not in args:
+            return
+        primary = set(captures_of(args["gain"]))
+        others = [args.get("bias")] + [r.get(k) for r in args.get("into", []) for k in ("weight", "bias")]
+        for t in others:
+            if t and not set(captures_of(t)) <= primary:
+                src.error(path, f"'{t}' uses captures that the gain '{args['gain']}' does not have")
+
+    # -- binding ----------------------------------------------------------------------------
+    def bind(self, step: StepDecl, index: int, ctx: BindContext) -> list[CanonOp]:
+        args = step.as_dict()
+        found = ctx.matches(args["gain"])
+        if not found:
+            ctx.no_match(step.loc, self.kind, args["gain"])
+        out = []
+        for gain, caps in found:
+            bias = fill(args["bias"], caps) if args.get("bias") else None
+            if ctx.lacks(step.loc, self.kind, bias):
+                continue
+            size = ctx.shapes[gain]
+            if len(size) != 1:
+                ctx.error(step.loc, f"fold_norm: {gain} has shape {list(size)}; a norm gain is a vector")
+                continue
+            folds_bias = bias is not None and args.get("fold_bias", True)
+            readers = [r for spec in args["into"] if (r := self._reader(spec, caps, size[0], folds_bias, bias, step.loc, ctx))]
+            ctx.touches_tie(gain, step.loc, self.kind)
+            op_args = {"gain": gain, "bias": bias, "fold_bias": bool(args.get("fold_bias", True)), "into": readers}
+            if args.get("gain_offset"):  # only when set: records of plain folds stay as they were
+                op_args["gain_offset"] = args["gain_offset"]
+            out.append(CanonOp(self.kind, op_args, step.loc, index))
+        return out
+
+    def _reader(self, spec: dict[str, Any], caps: dict[str, int], size: int, folds_bias: bool, bias: str | None,
+                loc: Location, ctx: BindContext) -> dict[str, Any] | None:
+        """One reader of the norm with concrete names, or None after reporting why not."""
+        w = fill(spec["weight"], caps)
+        rb = fill(spec["bias"], caps) if spec.get("bias") else None
+        if ctx.lacks(loc, self.kind, w):
+            return None
+        ax = spec["axis"]
+        shape = ctx.shapes[w]
+        if not -len(shape) <= ax < len(shape) or shape[ax] != size:
+            ctx.error(loc, f"fold_norm: axis {ax} of {w} (shape {list(shape)}) does not have the norm's size {size}")
+            return None
+        if ctx.lacks(loc, self.kind, rb):
+            return None
+        if rb is not None:
+            want = tuple(s for k, s in enumerate(shape) if k != ax % len(shape))
+            if tuple(ctx.shapes[rb]) != want:
+                ctx.error(loc, f"fold_norm: {rb} has shape {list(ctx.shapes[rb])}, but {w} without axis {ax} has {list(want)}; it is not that reader's bias")
+                return None
+        if folds_bias and rb is None:
+            ctx.error(loc, f"fold_norm: {w} has no bias to absorb {bias}",
+                      "set 'fold_bias: false' to keep the norm's bias (and bind it to the space)")
+            return None
+        ctx.touches_tie(w, loc, self.kind)
+        if rb:
+            ctx.touches_tie(rb, loc, self.kind)
+        return {"weight": w, "axis": ax % len(shape), "bias": rb}
+
+    # -- applying ---------------------------------------------------------------------------
+    def apply(self, op: CanonOp, sd: dict[str, torch.Tensor]) -> None:
+        stored = sd[op.args["gain"]]
+        # The factor the norm multiplies by: its weight, or (offset + weight) for norms that
+        # store the gain as an offset from it (Gemma's RMSNorm: x * (1 + w)).
+        offset = op.args.get("gain_offset", 0)
+        gain = stored + offset if offset else stored
+        bias_name = op.args.get("bias")
+        bias = sd[bias_name] if bias_name else None
+        fold_bias = op.args.get("fold_bias", True) and bias is not None
+        for r in op.args["into"]:
+            w = sd[r["weight"]]
+            ax = r["axis"]
+            if fold_bias and r.get("bias"):
+                contrib = torch.tensordot(w, bias.to(w.dtype), dims=([ax], [0]))  # type: ignore[union-attr]
+                b = sd[r["bias"]]
+                sd[r["bias"]] = b + contrib.reshape(b.shape).to(b.dtype)
+            sd[r["weight"]] = w * _along(gain.to(w.dtype), ax, w.ndim)
+        # the stored weight that makes the factor 1: 1 - offset (0 for Gemma)
+        sd[op.args["gain"]] = torch.full_like(stored, 1 - offset) if offset else torch.ones_like(stored)
+        if fold_bias and bias_name:
+            sd[bias_name] = torch.zeros_like(bias)  # type: ignore[arg-type]
+        elif bias is not None:
+            # The bias stays on the norm: its output must read gain * (n + bias / gain).
+            if bool((gain == 0).any()):
+                what = "its factor (gain_offset + weight)" if offset else "it"
+                raise CanonicalizationError(f"cannot fold {op.args['gain']}: {what} has zero entries and {bias_name} is kept")
+            sd[bias_name] = bias / gain.to(bias.dtype)  # type: ignore[index]
+
+    # -- reporting --------------------------------------------------------------------------
+    def subject(self, op: CanonOp) -> str:
+        return str(op.args["gain"])
+
+    def declared_subject(self, step: StepDecl) -> str | None:
+        return str(step.arg("gain"))
+
+    def alternative(self, op: CanonOp) -> tuple[CanonOp, str] | None:
+        """The same fold with the other ``gain_offset`` (1 instead of none, or none instead
+        of 1): does the norm multiply by (1 + weight)?"""
+        other = 0 if op.args.get("gain_offset", 0) else 1
+        if other:
+            told = f"with 'gain_offset: {other}' it preserves the function: the norm multiplies by ({other} + weight)"
+        else:
+            told = "without gain_offset it preserves the function: the norm multiplies by its weight itself"
+        return attrs.evolve(op, args={**op.args, "gain_offset": other}), told
