@@ -2,7 +2,7 @@
 against the endpoints, plain averaging and one-reference alignment.
 
     python bench/bench_universe.py [--task gpt|vit] [--seeds 0 1 2] [--rounds 10] [--jobs 1]
-                                   [--quick] [--out bench/results/universe.json]
+                                   [--method weight] [--quick] [--out bench/results/universe.json]
 
 The models are the paper-table benchmark's (bench/trained.py: same recipes, same cache
 under bench/cache/, trained there when missing). For N models (N >= 3) it measures, on
@@ -10,8 +10,9 @@ the test split:
 
 - the endpoints' losses (mean ± standard error);
 - vanilla averaging: the mean of the weights as trained;
-- one-reference alignment: every model aligned to the first by weight matching, then
-  averaged (universe matching stopped after its first round);
+- one-reference alignment: every model aligned to the first (by weight matching, or the
+  registered data-free ``--method``), then averaged (universe matching stopped after its
+  first round);
 - universe matching: rounds until the objective stops improving (``--rounds``, ``--tol``);
 - for three models, the deviation L(Σ wᵢθᵢ) - Σ wᵢL(θᵢ) over the simplex (grid of 1/6)
   for vanilla averaging and universe matching, and a heat map
@@ -40,6 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import trained  # noqa: E402
 
 from symspec import __version__  # noqa: E402
+from symspec.alignment import get_method  # noqa: E402
 from symspec.analyzers.barrier import mean_stderr  # noqa: E402
 from symspec.analyzers.simplex import analyze_merge, plot_simplex  # noqa: E402
 from symspec.io_util import atomic_write_text  # noqa: E402
@@ -58,7 +60,7 @@ def _pm(mean: float, se: float | None, digits: int = 3) -> str:
 
 
 def run(task: str, seeds: list[int], data: str, *, rounds: int, tol: float, jobs: int | None, quick: bool,
-        resolution: int, log: Any, cache: Path) -> dict[str, Any]:
+        resolution: int, log: Any, cache: Path, method: str = "weight") -> dict[str, Any]:
     recipe_name = f"{task}-quick" if quick else task
     recipe = trained.RECIPES[recipe_name]
     models = [m for m, _ in trained.trained_models(recipe_name, seeds, data, log=log, cache=cache)]
@@ -68,11 +70,11 @@ def run(task: str, seeds: list[int], data: str, *, rounds: int, tol: float, jobs
 
     log(f"{task}: one-reference alignment (1 round) of {len(models)} models")
     t0 = time.perf_counter()
-    one = universe_match(models, spec, rounds=1, jobs=jobs)
+    one = universe_match(models, spec, rounds=1, jobs=jobs, method=method)
     one_seconds = time.perf_counter() - t0
     log(f"{task}: universe matching (at most {rounds} rounds, tol {tol})")
     t0 = time.perf_counter()
-    uni = universe_match(models, spec, rounds=rounds, tol=tol, jobs=jobs,
+    uni = universe_match(models, spec, rounds=rounds, tol=tol, jobs=jobs, method=method,
                          progress=lambda e: log(f"  round {e.round}: objective {e.objective:.6g} ({e.seconds:.1f} s)")
                          if e.kind == "round" else None)
     uni_seconds = time.perf_counter() - t0
@@ -94,7 +96,7 @@ def run(task: str, seeds: list[int], data: str, *, rounds: int, tol: float, jobs
          "accuracy": am, "accuracy_stderr": as_, "seconds": None},
         {"method": "none", "label": "vanilla averaging", "loss": analysis.plain.loss, "accuracy": analysis.plain.accuracy,
          "seconds": 0.0},
-        {"method": "reference", "label": "weight matching to seed 0, averaged (1 round)", "loss": one_loss.loss,
+        {"method": "reference", "label": f"{get_method(method).label} to seed 0, averaged (1 round)", "loss": one_loss.loss,
          "accuracy": one_loss.accuracy, "seconds": one_seconds},
         {"method": "universe", "label": f"universe matching ({len(uni.rounds)} rounds)", "loss": analysis.merged.loss,
          "accuracy": analysis.merged.accuracy, "seconds": uni_seconds},
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--tol", type=float, default=1e-4)
     p.add_argument("--jobs", type=int, default=None, help="worker processes for the alignments (default: this process)")
+    p.add_argument("--method", default="weight", help="the registered alignment method of every round (default: weight)")
     p.add_argument("--resolution", type=int, default=6, help="simplex grid step 1/K (three models)")
     p.add_argument("--quick", action="store_true", help="tiny models (the benchmark's quick recipe): a smoke test")
     p.add_argument("--threads", type=int, default=2)
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     started = time.perf_counter()
     result = run(args.task, args.seeds, data, rounds=args.rounds, tol=args.tol, jobs=args.jobs, quick=args.quick,
-                 resolution=args.resolution, log=log, cache=args.cache)
+                 resolution=args.resolution, log=log, cache=args.cache, method=args.method)
     command = "python bench/bench_universe.py " + " ".join(argv if argv is not None else sys.argv[1:])
     table = markdown(result, command.strip())
     doc = {

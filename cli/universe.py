@@ -14,6 +14,7 @@ import click
 from ._common import (
     EXIT_OK,
     FiniteFloat,
+    MethodChoice,
     data_inputs,
     echo_json,
     handle_errors,
@@ -44,6 +45,10 @@ MAX_SIMPLEX_POINTS = 100_000
                    "its data()/loss() hooks to --data.")
 @click.option("--groups", default=None, metavar="full|perm|perm,SPACE=full",
               help="Groups to search: full (default), perm (permutations only), or per declared space.")
+@click.option("--method", default="weight", show_default=True, type=MethodChoice(),
+              help="The alignment method that aligns each model onto the universe in every round: any registered "
+                   "data-free one (`symspec methods` lists them). A method registered at run time reaches worker "
+                   "processes through an entry point or --setup.")
 @click.option("--rounds", default=10, show_default=True, type=click.IntRange(1, 10000),
               help="At most this many rounds (align every model, then average).")
 @click.option("--tol", default=1e-4, show_default=True, type=FiniteFloat(min=0.0),
@@ -76,20 +81,21 @@ MAX_SIMPLEX_POINTS = 100_000
               help="Resume an unfinished run of the same command (its work is kept in .DIR.partial next to --out, "
                    "locked while a run uses it).")
 @click.option("--setup", "worker_setup", metavar="MODULE:FUNCTION",
-              help="Called once in every worker process (to register custom groups or solvers).")
+              help="Called once in every worker process (to register custom groups, solvers or alignment methods).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
 @handle_errors
 def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factory: str | None, groups: str | None,
-                 rounds: int, tol: float, start_arg: str, jobs: int | None, ray_address: str | None, device: str,
-                 threads: int, data_arg: str | None, split: str, batch_size: int, max_samples: int | None,
-                 simplex: bool | None, resolution: int | None, overwrite: bool, resume: bool, worker_setup: str | None,
-                 as_json: bool) -> None:
+                 method: str, rounds: int, tol: float, start_arg: str, jobs: int | None, ray_address: str | None,
+                 device: str, threads: int, data_arg: str | None, split: str, batch_size: int,
+                 max_samples: int | None, simplex: bool | None, resolution: int | None, overwrite: bool,
+                 resume: bool, worker_setup: str | None, as_json: bool) -> None:
     """Align every MODEL into one shared universe and merge them (universe matching).
 
-    The universe starts as one model; each round aligns every model to it by weight
-    matching under the spec's groups and sets it to the mean of the aligned models,
-    until the objective (the sum of squared distances to the universe) stops improving.
-    Every model gets one transform into the universe, so any two are aligned through it.
+    The universe starts as one model; each round aligns every model to it with the
+    alignment method (weight matching by default) under the spec's groups and sets it to
+    the mean of the aligned models, until the objective (the sum of squared distances to
+    the universe) stops improving. Every model gets one transform into the universe, so
+    any two are aligned through it.
 
     MODEL: model files, Hugging Face folders or checkpoints (with --model); globs
     ('runs/*/model.pt') and list files ('@models.txt', one path a line) are expanded.
@@ -97,59 +103,24 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
     architecture) or a failed worker; a failed run keeps its finished work and a rerun
     of the same command resumes it.
     """
-    from symspec.outputs import FolderLock, Target, check_outputs, check_overlap, work_folder
-    from symspec.universe import (
-        UniverseError,
-        build_report,
-        expand_models,
-        save_outputs,
-        universe_match,
-    )
+    from symspec.outputs import FolderLock, work_folder
+    from symspec.universe import build_report, save_outputs, universe_match, universe_method
 
     started = time.perf_counter()
-    paths = expand_models(models)
-    if len(paths) < 2:
-        raise UniverseError(f"universe matching needs at least 2 models, got {len(paths)}")
-    if resolution is not None and data_arg is not None and (len(paths) <= 3 if simplex is None else simplex):
-        points = math.comb(resolution + len(paths) - 1, len(paths) - 1)
-        if points > MAX_SIMPLEX_POINTS:
-            raise UniverseError(f"--resolution {resolution}: the simplex of {len(paths)} models would have {points:.3g} "
-                                f"grid points (at most {MAX_SIMPLEX_POINTS}); use a smaller --resolution or --no-simplex")
-    if ray_address is not None:
-        from symspec.universe_workers import check_ray_address
-
-        check_ray_address(ray_address)  # before any work: an unreachable address fails in seconds
+    universe_method(method)  # before any work: a method universe matching cannot run
+    paths, factory, start = _check_inputs(models, out, spec_arg, factory, data_arg, start_arg, ray_address, simplex,
+                                          resolution, overwrite)
     out_dir = Path(out)
     partial = work_folder(out_dir)
-    if factory is None:
-        factory = next((p for p in paths if p.endswith(".py")), None)
-    # nothing may write over an input: the models, their lists, --model, --spec, --data
-    inputs = [*paths, *(m[1:] for m in models if m.startswith("@")), factory, spec_arg, *data_inputs(data_arg)]
-    notes = check_outputs([Target(out_dir, "--out", folder=True)], inputs, force=overwrite, flag="--overwrite")
-    check_overlap(partial, "the work folder", inputs)
-    for note in notes:
-        click.echo(f"note: {note}", err=True)
-    start: int | str = int(start_arg) if start_arg.lstrip("-").isdigit() else start_arg
-    if isinstance(start, int) and not 0 <= start < len(paths):
-        raise UniverseError(f"--start {start}: not a model's index (0 to {len(paths) - 1} for {len(paths)} models)")
-    missing = [p for p in paths if not Path(p).exists()]
-    if missing:
-        raise UniverseError(f"no such file or folder: {', '.join(missing)}")
     # held from here to the end: a second run on the same --out fails at once instead
     # of sharing (and removing) this run's work folder
     with FolderLock(partial, remove_if_empty=True):
-        spec: Any = spec_arg
-        if spec is None:
-            from symspec.loading import load_model
-
-            first = load_model(paths[start] if isinstance(start, int) and 0 <= start < len(paths) else paths[0], factory=factory)
-            spec = resolve_spec(None, first.model, first.spec_hint())
-        console = stderr_console()
-        with _Progress(console, quiet=as_json) as bar:
-            result = universe_match(paths, spec, rounds=rounds, tol=tol, groups=groups, jobs=jobs, ray=ray_address,
-                                    device=device, start=start, factory=factory, workdir=partial, resume=resume,
-                                    progress=bar.event, threads=threads, worker_setup=worker_setup, load_aligned=False,
-                                    keep_workdir=True)
+        spec = spec_arg if spec_arg is not None else _default_spec(paths, start, factory)
+        with _Progress(stderr_console(), quiet=as_json) as bar:
+            result = universe_match(paths, spec, rounds=rounds, tol=tol, groups=groups, method=method, jobs=jobs,
+                                    ray=ray_address, device=device, start=start, factory=factory, workdir=partial,
+                                    resume=resume, progress=bar.event, threads=threads, worker_setup=worker_setup,
+                                    load_aligned=False, keep_workdir=True)
             analysis = None
             if data_arg is not None:
                 analysis = _analyze(result, paths, factory, data_arg, split, batch_size, max_samples, device, simplex,
@@ -170,6 +141,52 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
     else:
         _print(report, result, analysis, written, plot_name and str(out_dir / plot_name))
     sys.exit(EXIT_OK)
+
+
+def _check_inputs(models: tuple[str, ...], out: str, spec_arg: str | None, factory: str | None, data_arg: str | None,
+                  start_arg: str, ray_address: str | None, simplex: bool | None, resolution: int | None,
+                  overwrite: bool) -> tuple[list[str], str | None, int | str]:
+    """Everything that can be refused before any work: the models (expanded), the
+    simplex's size, the Ray address, the outputs against the inputs, ``--start``.
+    Returns the model paths, the factory (default: the first model file) and the start."""
+    from symspec.outputs import Target, check_outputs, check_overlap, work_folder
+    from symspec.universe import UniverseError, expand_models
+
+    paths = expand_models(models)
+    if len(paths) < 2:
+        raise UniverseError(f"universe matching needs at least 2 models, got {len(paths)}")
+    if resolution is not None and data_arg is not None and (len(paths) <= 3 if simplex is None else simplex):
+        points = math.comb(resolution + len(paths) - 1, len(paths) - 1)
+        if points > MAX_SIMPLEX_POINTS:
+            raise UniverseError(f"--resolution {resolution}: the simplex of {len(paths)} models would have {points:.3g} "
+                                f"grid points (at most {MAX_SIMPLEX_POINTS}); use a smaller --resolution or --no-simplex")
+    if ray_address is not None:
+        from symspec.runtime import check_ray_address
+
+        check_ray_address(ray_address)  # before any work: an unreachable address fails in seconds
+    if factory is None:
+        factory = next((p for p in paths if p.endswith(".py")), None)
+    # nothing may write over an input: the models, their lists, --model, --spec, --data
+    inputs = [*paths, *(m[1:] for m in models if m.startswith("@")), factory, spec_arg, *data_inputs(data_arg)]
+    notes = check_outputs([Target(Path(out), "--out", folder=True)], inputs, force=overwrite, flag="--overwrite")
+    check_overlap(work_folder(Path(out)), "the work folder", inputs)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    start: int | str = int(start_arg) if start_arg.lstrip("-").isdigit() else start_arg
+    if isinstance(start, int) and not 0 <= start < len(paths):
+        raise UniverseError(f"--start {start}: not a model's index (0 to {len(paths) - 1} for {len(paths)} models)")
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise UniverseError(f"no such file or folder: {', '.join(missing)}")
+    return paths, factory, start
+
+
+def _default_spec(paths: list[str], start: int | str, factory: str | None) -> Any:
+    """The start model's SPEC, else the built-in spec for its class (as ``symspec check``)."""
+    from symspec.loading import load_model
+
+    first = load_model(paths[start] if isinstance(start, int) else paths[0], factory=factory)
+    return resolve_spec(None, first.model, first.spec_hint())
 
 
 def _analyze(result: Any, paths: list[str], factory: str | None, data_arg: str, split: str, batch_size: int,

@@ -1,5 +1,6 @@
 """Universe matching (symspec.universe): planted recovery, cycle consistency, the objective,
-the same merged model inline, in worker processes and in Ray, resuming, bad inputs.
+the same merged model inline, in worker processes and in Ray, resuming, the alignment
+method of the rounds, the 'universe' pair method, bad inputs.
 (A crashing worker: tests/test_universe_cli.py.)"""
 
 from __future__ import annotations
@@ -9,21 +10,28 @@ import math
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import symspec
+from symspec.alignment import registered
+from symspec.analyzers.data import EvalData, cross_entropy
 from symspec.binding import bind
+from symspec.errors import SymspecInputError
 from symspec.match import weight_match
 from symspec.spec import load_spec
 from symspec.transforms import apply_elements, canonicalize_state_dict, sample_elements
 from symspec.universe import (
     UniverseError,
+    WorkerError,
     expand_models,
     transform_between,
     universe_match,
 )
+from tests.methods import Identity
 from tests.zoo import ZOO
 
 SPEC = load_spec("nanogpt")
@@ -268,19 +276,80 @@ def test_expand_models(tmp_path: Path) -> None:
         expand_models([f"@{tmp_path / 'empty.txt'}"])
 
 
-def test_align_universe_is_a_barrier_aligner() -> None:
-    from symspec.universe import align_universe
+# --------------------------------------------------------------------------- the alignment method
+
+
+def test_every_round_aligns_with_the_method_asked_for() -> None:
+    models = random_models(2)
+    perm = universe_match(models, SPEC, rounds=2, method="weight-perm")
+    assert perm.method == "weight-perm" and perm.groups == "perm"  # the method's own groups
+    assert perm.records[0].meta["alignment"] == "weight-perm" and perm.summary()["method"] == "weight-perm"
+    with registered(Identity()) as toy:
+        res = universe_match(models, SPEC, rounds=2, method="identity", jobs=1)
+    assert len(toy.calls) == 4  # two models, two rounds, in this process
+    # the negative case: identity alignment merges the plain mean of the canonical forms
+    canon = [canonicalize_state_dict(res.bound, {k: v.detach() for k, v in m.state_dict().items()}) for m in models]
+    names = list(res.bound.problem.params)
+    assert rel(res.merged, {k: (canon[0][k] + canon[1][k]) / 2 for k in names}, names) <= 1e-12
+    assert rel(perm.merged, res.merged, names) > 0.01
+
+
+def test_methods_universe_matching_cannot_run_are_refused() -> None:
+    models = random_models(2)
+    needs_data = attrs.evolve(Identity(), name="needs-data", needs_data=True)
+    with registered(needs_data), pytest.raises(UniverseError, match="cannot align with 'needs-data' yet: it needs data"):
+        universe_match(models, SPEC, method="needs-data")
+    with pytest.raises(UniverseError, match="universe matching itself"):
+        universe_match(models, SPEC, method="universe")
+    with pytest.raises(SymspecInputError, match="unknown alignment method 'wieght'"):
+        universe_match(models, SPEC, method="wieght")
+
+
+@pytest.mark.slow
+def test_a_method_registered_in_this_process_only_is_named_in_worker_processes() -> None:
+    models = random_models(2)
+    unknown = "alignment method 'identity' is not registered in this worker process"
+    with registered(Identity()), pytest.raises(WorkerError, match=unknown):
+        universe_match(models, SPEC, rounds=1, method="identity", jobs=2)
+
+
+def test_the_universe_method_brings_a_planted_copy_back() -> None:
+    """B = g·A (symspec.plant): the registered method 'universe' aligns B onto A."""
+    a = random_models(1)[0]
+    b = symspec.plant(a, SPEC, seed=3).model
+    res = symspec.align(a, b, SPEC, method="universe")
+    assert res.method == "universe" and res.record.meta["aligned_with"] == "weight"
+    assert set(res.elements) == set(res.bound.problem.spaces)
+    assert res.distance("aligned") <= 1e-12 * res.distance("canonical")
+    assert res.history[-1] <= 1e-12 * res.history[0]
+
+
+def token_data(seed: int = 0) -> EvalData:
+    g = torch.Generator().manual_seed(seed)
+    batches = [((torch.randint(0, 11, (4, 8), generator=g),), torch.randint(0, 11, (4, 8), generator=g))
+               for _ in range(2)]
+    return EvalData("tokens", "hook", "val", batches, cross_entropy, None)
+
+
+def test_the_universe_method_measures_the_path_through_the_merged_model() -> None:
+    """The method returns g_A^-1 g_B: the path from A to it is the path between both models
+    aligned into their universe (what the analyzers measured before), seen from A."""
+    from symspec.analyzers.barrier import Measurer, measure
 
     a, b = random_models(2)
-    aligned = align_universe(a, b, spec=SPEC, rounds=3)
-    res = universe_match([a, b], SPEC, rounds=3)
-    assert type(aligned.module) is type(a) and aligned.info["rounds"] == len(res.rounds)
+    data = token_data()
+    new = measure([(a, b)], data, methods=["universe"], spec=SPEC, points=5)["universe"][0]
+    res = universe_match([a, b], SPEC)
+    assert res.canonical_model is not None and res.aligned is not None
+    m = Measurer(data, points=5)
+    old = m.evaluator(res.canonical_model).curve(res.aligned[0], res.aligned[1], m.grid, None, ("A", "B"))
+    assert new.curve.losses == pytest.approx(old.losses, rel=1e-9)
     names = list(res.bound.problem.params)
-    midpoint = {k: torch.lerp(aligned.sd_a[k], aligned.sd_b[k], 0.5) for k in names}
-    assert rel(midpoint, res.merged, names) <= 1e-12  # the path passes through the merged model
-    assert rel(dict(aligned.sd_b), {k: v.detach() for k, v in b.state_dict().items()}, names) > 0.1
-    with pytest.raises(UniverseError, match="needs a spec"):
-        align_universe(a, b)
+    midpoint = {k: torch.lerp(res.aligned[0][k], res.aligned[1][k], 0.5) for k in names}
+    assert rel(midpoint, res.merged, names) <= 1e-12  # the old path passed through the merged model
+    # the negative case: without alignment the path is another one
+    plain = measure([(a, b)], data, methods=["none"], points=5)["none"][0]
+    assert max(abs(x - y) for x, y in zip(plain.curve.losses, new.curve.losses)) > 1e-4
 
 
 def test_a_foreign_workdir_is_refused_and_kept(tmp_path: Path) -> None:
@@ -304,6 +373,6 @@ def test_save_outputs_from_the_api(three: Any, tmp_path: Path) -> None:
     assert [Path(p).name for p in written["aligned"]] == ["00-model0.pt", "01-model1.pt", "02-model2.pt"]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     jsonschema.validate(report, report_schema())
-    assert report["analysis"] is None and report["outputs"] == written
+    assert report["analysis"] is None and report["outputs"] == written and report["method"] == "weight"
     with pytest.raises(UniverseError, match="exists; refusing to overwrite"):
         save_outputs(res, tmp_path / "out")

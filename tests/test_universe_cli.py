@@ -15,6 +15,7 @@ import torch
 
 from symspec.analyzers.data import load_data
 from symspec.analyzers.interpolate import PathEvaluator
+from symspec.analyzers.simplex import ANALYSIS_SCHEMA
 from symspec.analyzers.testing import fit
 from symspec.binding import bind
 from symspec.loading import load_model
@@ -32,7 +33,7 @@ def crash_hook() -> None:
     if not spec:
         return
     name, _, rnd = spec.partition("@")
-    import symspec.universe_workers as W
+    import symspec.universe.tasks as W
 
     original = W.align
 
@@ -81,7 +82,8 @@ def baseline(files: dict[str, Path]) -> dict[str, Any]:
 
 def test_report_follows_its_schema_and_lists_the_outputs(baseline: dict[str, Any]) -> None:
     report, out = baseline["report"], baseline["out"]
-    jsonschema.validate(report, report_schema())
+    jsonschema.validate(report, report_schema(ANALYSIS_SCHEMA))
+    assert report["analysis"] is not None and report["method"] == "weight"
     assert report == json.loads((out / "report.json").read_text())
     assert report["executor"] == "inline" and report["rounds"] == 2 and report["spec"] == "nanogpt"
     assert report["outputs"]["merged"] == str(out / "merged.pt")
@@ -91,7 +93,12 @@ def test_report_follows_its_schema_and_lists_the_outputs(baseline: dict[str, Any
     assert not (out.parent / ".out.partial").exists()  # the work folder is gone once the outputs are written
     bad = dict(report, schema="symspec.barrier/1")
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(bad, report_schema())
+        jsonschema.validate(bad, report_schema(ANALYSIS_SCHEMA))
+    # the analysis part is checked against the analyzers' schema when given
+    broken = dict(report, analysis={"models": []})
+    jsonschema.validate(broken, report_schema())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, report_schema(ANALYSIS_SCHEMA))
 
 
 def test_merged_model_loads_as_the_input_class_and_beats_plain_averaging(files: dict[str, Path],
@@ -192,6 +199,22 @@ def test_overwrite_and_human_output(files: dict[str, Path], tmp_path: Path) -> N
     assert not (out / "stale.txt").exists() and (out / "merged.pt").exists()
     rec = TransformRecord.load(out / "transforms" / "01-seed2")
     assert rec.searched["resid"] == "S(16)"
+
+
+def test_the_rounds_align_with_the_method_asked_for(files: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "perm"
+    code, stdout, stderr = run("universe", files["seed0"], files["seed2"], "--model", files["model"], "--out", out,
+                               "--rounds", 1, "--method", "weight-perm", "--json")
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    assert report["method"] == "weight-perm" and report["groups"] == "perm"  # the method's own groups
+    assert TransformRecord.load(out / "transforms" / "01-seed2").meta["alignment"] == "weight-perm"
+    code, _, stderr = run("universe", files["seed0"], files["seed2"], "--model", files["model"], "--out",
+                          tmp_path / "never", "--method", "wieght")
+    assert code == 2 and "unknown alignment method 'wieght'; did you mean 'weight'" in stderr
+    code, _, stderr = run("universe", files["seed0"], files["seed2"], "--model", files["model"], "--out",
+                          tmp_path / "never", "--method", "universe")
+    assert code == 2 and "cannot align with 'universe'" in stderr and not (tmp_path / "never").exists()
 
 
 @pytest.mark.slow
