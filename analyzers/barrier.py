@@ -31,7 +31,8 @@ from typing import Any
 import attrs
 import torch
 
-from symspec.errors import SymspecInputError, suggest
+from symspec.alignment import get_method
+from symspec.errors import SymspecInputError
 
 from .data import EvalData, check_fits
 from .interpolate import Curve, PathError, PathEvaluator, check_pair, functional_names
@@ -96,66 +97,40 @@ class Aligned:
     info: Mapping[str, Any] = attrs.field(factory=dict)
 
 
-#: align(model_a, model_b, spec=..., device=...) -> Aligned
-Aligner = Callable[..., Aligned]
-
-
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
-def align_none(model_a: torch.nn.Module, model_b: torch.nn.Module, **_: Any) -> Aligned:
-    """Vanilla averaging: the weights as they are."""
-    return Aligned(model_a, _state(model_a), _state(model_b))
+def method_label(name: str) -> str:
+    """How reports and plots name a method: its registered label (the name itself for a
+    method no longer registered)."""
+    from symspec.alignment import method_names
+
+    return get_method(name).label if name in method_names() else name
 
 
-def align_weight(model_a: torch.nn.Module, model_b: torch.nn.Module, *, spec: Any = None,
-                 device: str | torch.device = "cpu", **kw: Any) -> Aligned:
-    """Weight matching (symspec.match.weight_match): A and B aligned, both in canonical form."""
-    try:
-        from symspec.match import weight_match
-    except ImportError as e:
-        raise SymspecInputError(f"--align weight needs symspec.match.weight_match, which this installation lacks ({e})") from e
+def align_pair(method: str, model_a: torch.nn.Module, model_b: torch.nn.Module, *, spec: Any = None,
+               device: str | torch.device = "cpu", data: EvalData | None = None, **kw: Any) -> Aligned:
+    """Two endpoints ready to interpolate, aligned by the registered ``method``
+    (:func:`symspec.align`): both in canonical form, in A's canonical module. ``data``: the
+    examples a data-driven method aligns on (a train split, never the evaluated one).
+    ``kw`` goes to :func:`symspec.align` (``groups``, ``rounds``, ``options``, ...).
+
+    Without a spec, a method that does not use canonical forms (vanilla averaging) gets
+    the weights as they are; every other method needs the spec."""
+    m = get_method(method)
     if spec is None:
-        raise SymspecInputError("weight matching needs a spec (--spec, the model file's SPEC, or a built-in spec)")
-    import inspect
+        if not m.canonical:
+            return Aligned(model_a, _state(model_a), _state(model_b))
+        raise SymspecInputError(f"{m.label} needs a spec (--spec, the model file's SPEC, or a built-in spec)")
+    from symspec.alignment import align
 
-    params = inspect.signature(weight_match).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if "device" in params or takes_any:
-        kw = {"device": device, **kw}
     start = time.perf_counter()
-    result = weight_match(model_a, model_b, spec, **kw)
+    result = align(model_a, model_b, spec, method=m, device=device, data=data, **kw)
     seconds = time.perf_counter() - start
     if result.canonical_model is None:
-        raise SymspecInputError("weight matching returned no canonical module to evaluate the aligned pair in")
-    summary = getattr(result, "summary", None)
-    info: dict[str, Any] = dict(summary()) if callable(summary) else {"objective": list(getattr(result, "history", []))}
-    return Aligned(result.canonical_model, result.canonical_a, result.aligned_b, seconds, info)
-
-
-def align_weight_perm(model_a: torch.nn.Module, model_b: torch.nn.Module, **kw: Any) -> Aligned:
-    """Weight matching restricted to permutations (the paper's ablation): ``groups="perm"``."""
-    return align_weight(model_a, model_b, **{**kw, "groups": "perm"})
-
-
-#: method name -> aligner; register more with :func:`register_aligner`
-ALIGNERS: dict[str, Aligner] = {"none": align_none, "weight": align_weight, "weight-perm": align_weight_perm}
-LABELS: dict[str, str] = {"none": "vanilla averaging", "weight": "weight matching",
-                          "weight-perm": "weight matching, permutations only"}
-
-
-def register_aligner(name: str, fn: Aligner, label: str | None = None) -> None:
-    """Make ``fn(model_a, model_b, spec=, device=) -> Aligned`` available as a method."""
-    ALIGNERS[name] = fn
-    LABELS[name] = label or name
-
-
-def get_aligner(name: str) -> Aligner:
-    if name not in ALIGNERS:
-        hint = suggest(name, ALIGNERS)
-        raise SymspecInputError(f"unknown alignment method '{name}'" + (f"; {hint}" if hint else f"; methods: {', '.join(ALIGNERS)}"))
-    return ALIGNERS[name]
+        raise SymspecInputError(f"{m.label} returned no module to evaluate the aligned pair in")
+    return Aligned(result.canonical_model, result.canonical_a, result.aligned_b, seconds, result.summary())
 
 
 # --------------------------------------------------------------------------- results
@@ -201,7 +176,7 @@ class Summary:
 
     @property
     def label(self) -> str:
-        return LABELS.get(self.method, self.method)
+        return method_label(self.method)
 
 
 def summarize(results: Sequence[PairResult]) -> Summary:
@@ -236,11 +211,13 @@ class Measurer:
     canonical one for aligned pairs."""
 
     def __init__(self, data: EvalData, *, points: int | Sequence[float] = 11, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, align_data: EvalData | None = None) -> None:
         from .interpolate import check_grid, lambdas
 
         self.grid = lambdas(points) if isinstance(points, int) else check_grid(points)
         self.data = data
+        #: the examples data-driven methods align on (a train split, not ``data``)
+        self.align_data = align_data
         self.device = device
         self.dtype = dtype
         self._evaluators: dict[Any, PathEvaluator] = {}
@@ -266,12 +243,13 @@ class Measurer:
              pair: int = 0, names: tuple[str, str] = ("A", "B"), progress: Callable[[int], None] | None = None,
              check_data: bool = True, align_kw: Mapping[str, Any] | None = None) -> PairResult:
         """Align (per ``method``), then evaluate the path and its barriers."""
-        aligner = get_aligner(method)
+        get_method(method)
         check_pair(_state(model_a), _state(model_b), names)
         if check_data:
             check_fits(model_a, self.data, names[0])
             check_fits(model_b, self.data, names[1])
-        aligned = aligner(model_a, model_b, spec=spec, device=self.device, **dict(align_kw or {}))
+        aligned = align_pair(method, model_a, model_b, spec=spec, device=self.device, data=self.align_data,
+                             **dict(align_kw or {}))
         curve = self.evaluator(aligned.module).curve(aligned.sd_a, aligned.sd_b, self.grid, progress, names)
         return pair_result(method, pair, names[0], names[1], curve, aligned.seconds, aligned.info)
 
@@ -280,8 +258,9 @@ def measure(pairs: Sequence[tuple[torch.nn.Module, torch.nn.Module]], data: Eval
             methods: Sequence[str] = ("none",), spec: Any = None, points: int | Sequence[float] = 11,
             device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
             names: Sequence[tuple[str, str]] | None = None, progress: Callable[[int], None] | None = None,
-            ) -> dict[str, list[PairResult]]:
+            align_data: EvalData | None = None) -> dict[str, list[PairResult]]:
     """Barriers of every pair under every method: ``{method: [PairResult per pair]}``.
+    ``align_data``: what data-driven methods align on (a train split).
 
     ``progress(n)`` is called after each batch evaluated; the total is
     ``len(pairs) * len(methods) * points * len(data.batches)``.
@@ -291,9 +270,9 @@ def measure(pairs: Sequence[tuple[torch.nn.Module, torch.nn.Module]], data: Eval
     if not methods:
         raise SymspecInputError("no methods to measure")
     for m in methods:
-        get_aligner(m)
+        get_method(m)
     labels = list(names) if names is not None else [(f"A{i}", f"B{i}") for i in range(len(pairs))]
-    m = Measurer(data, points=points, device=device, dtype=dtype)
+    m = Measurer(data, points=points, device=device, dtype=dtype, align_data=align_data)
     out: dict[str, list[PairResult]] = {meth: [] for meth in dict.fromkeys(methods)}
     for i, (a, b) in enumerate(pairs):
         for j, meth in enumerate(out):
@@ -304,7 +283,7 @@ def measure(pairs: Sequence[tuple[torch.nn.Module, torch.nn.Module]], data: Eval
 
 def pair_barrier(model_a: torch.nn.Module, model_b: torch.nn.Module, data: EvalData, *, method: str = "none",
                  spec: Any = None, points: int | Sequence[float] = 11, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None) -> PairResult:
+                 dtype: torch.dtype | None = None, align_data: EvalData | None = None) -> PairResult:
     """The barrier between two models on ``data`` (one method, one pair).
 
     >>> import torch
@@ -315,4 +294,5 @@ def pair_barrier(model_a: torch.nn.Module, model_b: torch.nn.Module, data: EvalD
     >>> round(pair_barrier(a, a, data, points=5).barrier.value, 12)
     0.0
     """
-    return Measurer(data, points=points, device=device, dtype=dtype).pair(model_a, model_b, method=method, spec=spec)
+    return Measurer(data, points=points, device=device, dtype=dtype,
+                    align_data=align_data).pair(model_a, model_b, method=method, spec=spec)

@@ -27,6 +27,7 @@ import attrs
 import torch
 
 from symspec.errors import SymspecInputError
+from symspec.statedict import interpolate_state_dicts
 
 from .data import EvalData, call_model
 
@@ -86,19 +87,10 @@ def check_pair(sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor
 
 def lerp_state(sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor], lam: float,
                out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """(1-λ)·A + λ·B for every floating tensor (exactly A at λ=0 and B at λ=1);
-    other tensors are taken from A. With ``out``, writes into its tensors."""
-    result = out if out is not None else {}
-    for k, a in sd_a.items():
-        if not a.is_floating_point():
-            result[k] = a
-            continue
-        b = sd_b[k]
-        if out is not None and k in out:
-            torch.lerp(a, b, lam, out=out[k])
-        else:
-            result[k] = torch.lerp(a, b, lam)
-    return result
+    """(1-λ)·A + λ·B for every floating tensor (exactly A at λ=0 and B at λ=1); other
+    tensors are taken from A. With ``out``, writes into its tensors. The one
+    implementation is :func:`symspec.statedict.interpolate_state_dicts`."""
+    return interpolate_state_dicts(sd_a, sd_b, lam, out)
 
 
 def functional_names(module: torch.nn.Module) -> tuple[list[str], dict[str, str]]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .barrier import LABELS, PairResult, summarize
+from .barrier import PairResult, method_label, summarize
 
 if TYPE_CHECKING:
     from .report import BarrierReport
@@ -43,7 +43,7 @@ def plot_results(results: Mapping[str, Sequence[PairResult]], path: str | Path, 
         color = colors[i % len(colors)]
         s = summarize(rs)
         lam = list(rs[0].curve.lambdas)
-        label = f"{LABELS.get(m, m)}: barrier {s.barrier_mean:.3f}" + (f" ± {s.barrier_stderr:.3f}" if s.barrier_stderr is not None else "")
+        label = f"{method_label(m)}: barrier {s.barrier_mean:.3f}" + (f" ± {s.barrier_stderr:.3f}" if s.barrier_stderr is not None else "")
         _panel(axes[0], lam, [list(r.curve.losses) for r in rs], list(s.loss_mean), list(s.loss_stderr), color, label,
                line=(s.loss_a_mean, s.loss_b_mean))
         if with_acc and s.accuracy_mean is not None:
@@ -51,7 +51,7 @@ def plot_results(results: Mapping[str, Sequence[PairResult]], path: str | Path, 
             from .barrier import mean_stderr
 
             se = [mean_stderr(c)[1] for c in zip(*accs)]
-            _panel(axes[1], lam, accs, list(s.accuracy_mean), se, color, LABELS.get(m, m),
+            _panel(axes[1], lam, accs, list(s.accuracy_mean), se, color, method_label(m),
                    line=(s.accuracy_mean[0], s.accuracy_mean[-1]))
     axes[0].set_ylabel("loss")
     handles, labels = axes[0].get_legend_handles_labels()

@@ -18,7 +18,7 @@ import attrs
 
 from symspec.io_util import atomic_write_bytes, json_safe
 
-from .barrier import LABELS, PairResult, Summary, summarize
+from .barrier import PairResult, Summary, method_label, summarize
 from .data import EvalData
 
 SCHEMA_ID = "symspec.barrier/1"
@@ -62,7 +62,7 @@ class BarrierReport:
             s = sums[m]
             methods.append({
                 "method": m,
-                "label": LABELS.get(m, m),
+                "label": method_label(m),
                 "summary": {
                     "n": s.n,
                     "barrier_mean": s.barrier_mean,
@@ -114,7 +114,7 @@ class BarrierReport:
         for m, s in self.summaries().items():
             acc = _pm(s.accuracy_barrier_mean, s.accuracy_barrier_stderr) if s.accuracy_barrier_mean is not None else "n/a"
             at_mid = _fmt(s.loss_mean[mid]) if mid is not None else "n/a"
-            lines.append(f"| {LABELS.get(m, m)} | {s.n} | {_pm(s.barrier_mean, s.barrier_stderr)} | {s.peak_lambda_mean:.2f} | "
+            lines.append(f"| {method_label(m)} | {s.n} | {_pm(s.barrier_mean, s.barrier_stderr)} | {s.peak_lambda_mean:.2f} | "
                          f"{_fmt(s.loss_a_mean)} | {_fmt(s.loss_b_mean)} | {at_mid} | {acc} |")
         lines += [""] + [f"- {n}" for n in self.notes]
         return "\n".join(lines).rstrip() + "\n"

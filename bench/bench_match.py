@@ -156,6 +156,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from symspec.match import weight_match
+    from symspec.solvers import WeightOptions
 
     threads = torch.get_num_threads()
     config = dict(SIZES[case["size"]]) if "size" in case else dict(case["config"])
@@ -170,7 +171,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     cpu0 = _cpu_seconds()
     result = weight_match(a, b, "nanogpt", groups=case["groups"], rounds=case["rounds"], tol=0.0,
                           device=case.get("device", "cpu"), dtype=torch.float32, keep_canonical_b=False,
-                          lap_workers=case.get("lap_workers", 1), overlap=case.get("overlap", True))
+                          options=WeightOptions(lap_workers=case.get("lap_workers", 1), overlap=case.get("overlap", True)))
     wall = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0
     peak_kb = _status_kb("VmHWM")
@@ -206,12 +207,11 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _subprocess(case: dict[str, Any], timeout: float) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    # as `symspec match` sets them (cli/match.py: passive OpenMP waits, a fixed mmap
+    from symspec.process import child_environment
+
+    # the process settings `symspec match` makes (passive OpenMP waits, a fixed mmap
     # threshold, one heap arena for all threads)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
-    env.setdefault("MALLOC_ARENA_MAX", "1")
+    env = child_environment(dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
     proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
     if proc.returncode != 0:

@@ -16,10 +16,10 @@ Full mode (3 pairs per task, about an hour on 2 cores, most of it training the f
 time): ``python bench/lmc_table.py --readme``. Smoke test: ``python bench/lmc_table.py
 --quick`` (tiny models, one pair, a few seconds).
 
-Methods are the analyzers' registered aligners (``symspec.analyzers.barrier.ALIGNERS``):
+Methods are the registered alignment methods (``symspec.alignment.method_names()``):
 vanilla averaging, weight matching with permutations only, weight matching with the
-full groups, and whatever else is registered when the benchmark runs; ``--methods``
-picks some. The ablation ``weight-perm-resid-fixed`` (permutations of heads and units,
+full groups, universe matching, and whatever else is registered when the benchmark runs
+(data-driven methods align on the train split); ``--methods`` picks some. The ablation ``weight-perm-resid-fixed`` (permutations of heads and units,
 the residual stream left as it is) runs only when named:
 ``python bench/lmc_table.py --tasks vit --methods none,weight-perm,weight-perm-resid-fixed,weight
 --out bench/results/lmc_ablation.json --results bench/results/ablation``.
@@ -45,30 +45,23 @@ sys.path.insert(0, str(ROOT / "bench"))
 import trained  # noqa: E402
 
 from symspec import __version__  # noqa: E402
+from symspec.alignment import get_method, method_names, register_method  # noqa: E402
+from symspec.alignment.methods import WeightMatching  # noqa: E402
 from symspec.analyzers.barrier import (  # noqa: E402
-    ALIGNERS,
-    LABELS,
     PairResult,
-    align_weight,
     mean_stderr,
     measure,
-    register_aligner,
+    method_label,
     summarize,
 )
 from symspec.analyzers.plots import plot_results  # noqa: E402
 from symspec.io_util import atomic_write_text  # noqa: E402
-from symspec.universe import align_universe, universe_match  # noqa: E402
+from symspec.universe import universe_match  # noqa: E402
 
-register_aligner("universe", align_universe, "universe matching")
-
-
-def align_perm_resid_fixed(model_a: torch.nn.Module, model_b: torch.nn.Module, **kw: Any) -> Any:
-    """An ablation (both task specs name their residual stream ``resid``): permutations of
-    heads and units only, the residual stream left as it is."""
-    return align_weight(model_a, model_b, **{**kw, "groups": "perm,resid=fixed"})
-
-
-register_aligner("weight-perm-resid-fixed", align_perm_resid_fixed, "permutations only, residual fixed")
+# An ablation (both task specs name their residual stream ``resid``): permutations of
+# heads and units only, the residual stream left as it is.
+register_method(WeightMatching(name="weight-perm-resid-fixed", label="permutations only, residual fixed",
+                               groups="perm,resid=fixed"), replace=True)
 #: methods run only when asked for with --methods
 ABLATIONS = ("weight-perm-resid-fixed",)
 
@@ -108,7 +101,9 @@ def run_task(task: str, data: str, pairs: int, methods: list[str], points: int, 
     model_pairs = [(models[2 * i][0], models[2 * i + 1][0]) for i in range(pairs)]
     names = [(f"seed{2 * i}", f"seed{2 * i + 1}") for i in range(pairs)]
     start = time.perf_counter()
-    results = measure(model_pairs, test, methods=methods, spec=spec, points=points, names=names)
+    train = (trained.split(recipe_name, data, recipe, models[0][0], "train", batch=512)
+             if any(get_method(m).needs_data for m in methods) else None)
+    results = measure(model_pairs, test, methods=methods, spec=spec, points=points, names=names, align_data=train)
     seconds = time.perf_counter() - start
     endpoints = []
     for model, meta in models:
@@ -146,7 +141,7 @@ def summary_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
         s = summarize(rs)
         align = [r.align_seconds for r in rs]
         rows.append({
-            "method": method, "label": LABELS.get(method, method), "pairs": s.n,
+            "method": method, "label": method_label(method), "pairs": s.n,
             "barrier_mean": s.barrier_mean, "barrier_stderr": s.barrier_stderr, "peak_lambda_mean": s.peak_lambda_mean,
             "accuracy_barrier_mean": s.accuracy_barrier_mean, "accuracy_barrier_stderr": s.accuracy_barrier_stderr,
             "align_seconds_mean": sum(align) / len(align),
@@ -179,7 +174,7 @@ def markdown(runs: list[dict[str, Any]], command: str) -> str:
             acc = r.get("accuracy_barrier_mean") if r else None
             cells.append(_pm(acc, r.get("accuracy_barrier_stderr"), 3) if r and acc is not None else "n/a")
             times.append(f"{r['align_seconds_mean']:.2f} s" if r and m != "none" else "–")
-        lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + " | " + " | ".join(times) + " |")
+        lines.append(f"| {method_label(m)} | " + " | ".join(cells) + " | " + " | ".join(times) + " |")
     lines.append("")
     lines.append("| task | models | test loss (mean ± se) | test accuracy (mean ± se) |")
     lines.append("|---|---:|---:|---:|")
@@ -225,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--tasks", default="gpt,vit", help="comma-separated: gpt, vit")
     p.add_argument("--text", help="text:PATH for the GPT task (default: ../shared/data/tinyshakespeare.txt)")
     p.add_argument("--images", help="mnist:DIR or digits for the ViT task (default: ../shared/data/mnist; digits with --quick)")
-    p.add_argument("--methods", help=f"comma-separated methods (default: every registered one; known: {', '.join(ALIGNERS)})")
+    p.add_argument("--methods", help=f"comma-separated methods (default: every registered one; known: {', '.join(method_names())})")
     p.add_argument("--points", type=int, default=11)
     p.add_argument("--out", type=Path, help="JSON results (default bench/results/lmc_table[_quick].json)")
     p.add_argument("--readme", action="store_true", help="write the markdown table into README.md")
@@ -241,10 +236,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown task {unknown[0]}; tasks: {', '.join(TASKS)}")
     methods = ([m.strip() for m in args.methods.split(",")] if args.methods else
-               [m for m in ORDER if m in ALIGNERS] + [m for m in ALIGNERS if m not in ORDER and m not in ABLATIONS])
+               [m for m in ORDER if m in method_names()]
+               + [m for m in method_names() if m not in ORDER and m not in ABLATIONS])
     for m in methods:
-        if m not in ALIGNERS:
-            raise SystemExit(f"unknown method {m}; known: {', '.join(ALIGNERS)}")
+        if m not in method_names():
+            raise SystemExit(f"unknown method {m}; known: {', '.join(method_names())}")
     text = args.text or f"text:{trained.DEFAULT_TEXT}"
     images = args.images or ("digits" if args.quick else f"mnist:{trained.DEFAULT_MNIST}")
     for task, src in (("gpt", text), ("vit", images)):

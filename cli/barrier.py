@@ -11,6 +11,7 @@ import click
 
 from ._common import (
     EXIT_OK,
+    MethodChoice,
     data_inputs,
     echo_json,
     handle_errors,
@@ -20,7 +21,6 @@ from ._common import (
     stdout_console,
 )
 
-METHODS = ("none", "weight", "weight-perm")
 #: each point is a full evaluation of the split; more than this is a typo (1e11 once ran out of memory)
 MAX_POINTS = 1001
 
@@ -33,10 +33,11 @@ MAX_POINTS = 1001
                    "options: ,split=0.8/0.1/0.1 and more (docs/analyzers.md). Default: the model file's data().")
 @click.option("--split", default="val", show_default=True, type=click.Choice(["train", "val", "test"]),
               help="Which split to evaluate on.")
-@click.option("--align", "methods", multiple=True, type=click.Choice(METHODS), metavar="none|weight|weight-perm",
-              help="Alignment before interpolating: none (vanilla averaging), weight (weight matching with the "
-                   "spec's full groups) or weight-perm (permutations only). Repeat to compare methods on one "
-                   "report and figure.  [default: none]")
+@click.option("--align", "methods", multiple=True, type=MethodChoice(),
+              help="Alignment before interpolating, any registered method (`symspec methods` lists them): "
+                   "none (vanilla averaging), weight (weight matching with the spec's full groups), "
+                   "weight-perm (permutations only), ... Repeat to compare methods on one report and figure. "
+                   "Data-driven methods align on the train split of --data.  [default: none]")
 @click.option("--points", default=11, show_default=True, type=click.IntRange(2, MAX_POINTS), metavar="K",
               help="Evaluated values of λ, evenly spaced from 0 to 1 (both endpoints included).")
 @click.option("--pair", "pairs", multiple=True, nargs=2, metavar="A2 B2",
@@ -45,7 +46,7 @@ MAX_POINTS = 1001
               help="For state-dict checkpoints: the model file whose build() makes their module "
                    "(default: A or B when it is a model file). Beside Hugging Face folders it lends its "
                    "data()/loss() hooks.")
-@click.option("--spec", "spec_arg", metavar="PATH|NAME", help="Spec for --align weight (default: the model file's SPEC, else the built-in spec for the model's class).")
+@click.option("--spec", "spec_arg", metavar="PATH|NAME", help="Spec for the alignment methods (default: the model file's SPEC, else the built-in spec for the model's class).")
 @click.option("--device", default="cpu", show_default=True, help="Where to evaluate: cpu, cuda, cuda:1, ...")
 @click.option("--dtype", "dtype_name", type=click.Choice(["float32", "float64"]), help="Evaluate in this precision (default: the model's).")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1), help="Examples per forward pass.")
@@ -79,6 +80,7 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
 
     import torch
 
+    from symspec.alignment import get_method
     from symspec.analyzers.barrier import Measurer
     from symspec.analyzers.data import hooks_module, load_data
     from symspec.analyzers.report import BarrierReport
@@ -102,9 +104,17 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
                          + "; ".join(f"{k}: {va!r} vs {vb!r}" for k, (va, vb) in diff.items())
                          + "): same weight shapes, but not the same function; their interpolation mixes two models")
             click.echo(notes[-1], err=True)
-    spec = resolve_spec(spec_arg, first.model, first.spec_hint()) if any(m != "none" for m in methods) else None
+    chosen = [get_method(m) for m in methods]
+    spec = resolve_spec(spec_arg, first.model, first.spec_hint()) if any(m.canonical for m in chosen) else None
+    align_data = None
+    if any(m.needs_data for m in chosen):
+        if split == "train":
+            notes.append("warning: evaluating on the train split that data-driven methods align on")
+            click.echo(notes[-1], err=True)
+        align_data = load_data(data_arg, model=first.model, module=hooks_module(first, factory), split="train",
+                               batch_size=batch_size, max_samples=max_samples)
     dtype = {"float32": torch.float32, "float64": torch.float64}[dtype_name] if dtype_name else None
-    measurer = Measurer(data, points=points, device=device, dtype=dtype)
+    measurer = Measurer(data, points=points, device=device, dtype=dtype, align_data=align_data)
 
     total = len(all_pairs) * len(methods) * measurer.batches_per_curve
     results: dict[str, list[Any]] = {m: [] for m in methods}
@@ -158,7 +168,7 @@ class _progress:
 def _print(report: Any, written: list[str]) -> None:
     from rich.table import Table
 
-    from symspec.analyzers.barrier import LABELS
+    from symspec.analyzers.barrier import method_label
 
     d = report.data
     console = stdout_console()
@@ -175,13 +185,13 @@ def _print(report: Any, written: list[str]) -> None:
         acc = "n/a" if s.accuracy_barrier_mean is None else f"{s.accuracy_barrier_mean:.4f}" + (
             f" ± {s.accuracy_barrier_stderr:.4f}" if s.accuracy_barrier_stderr is not None else "")
         secs = sum(r.curve.seconds + r.align_seconds for r in rs)
-        table.add_row(LABELS.get(m, m), str(s.n), f"{s.barrier_mean:.4f}{se}", f"{s.peak_lambda_mean:.2f}",
+        table.add_row(method_label(m), str(s.n), f"{s.barrier_mean:.4f}{se}", f"{s.peak_lambda_mean:.2f}",
                       f"{s.loss_a_mean:.4f}", f"{s.loss_b_mean:.4f}", acc, f"{secs:.1f} s")
     console.print(table)
     curves = Table(title="mean loss along the path", title_justify="left")
     curves.add_column("λ", justify="right")
     for m in sums:
-        curves.add_column(LABELS.get(m, m), justify="right")
+        curves.add_column(method_label(m), justify="right")
     for k, lam in enumerate(report.lambdas):
         curves.add_row(f"{lam:.3f}", *(f"{s.loss_mean[k]:.4f}" for s in sums.values()))
     console.print(curves)

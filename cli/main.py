@@ -20,7 +20,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "schema": ("symspec.cli.spec_cmds", "schema_cmd", "Print the JSON Schema of the spec format."),
     "barrier": ("symspec.cli.barrier", "barrier_cmd", "Loss along the line between two models, and its barrier."),
     "universe": ("symspec.cli.universe", "universe_cmd", "Align many models into one universe and merge them."),
-    "match": ("symspec.cli.match", "match_cmd", "Align model B to model A in weight space (data-free); write B aligned."),
+    "match": ("symspec.cli.match", "match_cmd", "Align model B to model A (weight matching by default); write B aligned."),
+    "methods": ("symspec.cli.methods", "methods_cmd", "List the registered alignment methods."),
     "merge": ("symspec.cli.match", "merge_cmd", "Write the interpolation of A and B, aligned first."),
 }
 

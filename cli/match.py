@@ -16,6 +16,8 @@ import click
 
 from ._common import (
     FiniteFloat,
+    MethodChoice,
+    data_inputs,
     echo_json,
     handle_errors,
     resolve_spec,
@@ -27,7 +29,8 @@ from ._common import (
 INNER_PHASES = {"assign", "svd", "iterate", "heads:similarity"}
 
 GROUPS_HELP = ("Groups searched: full (the spec's), perm (permutation subgroups: the paper's ablation), "
-               "fixed, or per declared space, e.g. 'perm,attn=full'.")
+               "fixed, or per declared space, e.g. 'perm,attn=full'.  [default: the method's own: "
+               "full, perm for weight-perm]")
 
 
 def _input_error(msg: str) -> Exception:
@@ -106,33 +109,11 @@ class _Progress:
 
 
 def _quiet_threads() -> None:
-    """Process settings for matching large models (a user's own settings win).
+    """Process settings for matching large models (:mod:`symspec.process`; a user's own
+    settings win). Effective only before torch is imported, which the CLI has not done yet."""
+    from symspec.process import configure_process
 
-    OpenMP threads that spin while waiting make batched small LAPACK calls (per-head
-    inverses) 10-30x slower on a machine shared with other work (measured on these
-    CPUs); passive waiting costs nothing for the large products. Effective only before
-    torch is imported, which the CLI has not done yet.
-
-    glibc raises its mmap threshold after large blocks are freed, so later per-layer
-    weights (a few MB) come from the heap and stay resident after they are freed; a fixed
-    1 MiB threshold returns them (measured: peak 3.74x -> 3.53x the two GPT-2-small models).
-    The solves that run in worker threads would each get a heap arena of their own, whose
-    freed blocks the other threads cannot reuse; one arena keeps them shared (measured:
-    3.02x -> 2.83x, no slower: ``MALLOC_ARENA_MAX=1 python bench/bench_match.py --cases
-    gpt2-small --pairs independent --groups full --layers ''``).
-    """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    settings = {"MALLOC_MMAP_THRESHOLD_": (-3, 1 << 20), "MALLOC_ARENA_MAX": (-8, 1)}  # glibc's mallopt
-    wanted = [(param, value) for name, (param, value) in settings.items() if name not in os.environ]
-    if wanted:
-        import contextlib
-        import ctypes
-        import ctypes.util
-
-        with contextlib.suppress(OSError, AttributeError, TypeError):
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            for param, value in wanted:
-                libc.mallopt(param, value)  # elsewhere than glibc: a no-op or absent
+    configure_process()
 
 
 def _device(device: str) -> str:
@@ -158,6 +139,26 @@ def _load_pair(a: str, b: str, factory: str | None, spec_arg: str | None, progre
     return la, lb, spec
 
 
+def _align(la: Any, lb: Any, spec: Any, method: str, data_arg: str | None, factory: str | None,
+           progress: _Progress, **kw: Any) -> Any:
+    """B aligned to A by the registered ``method``; data-driven methods get the train split
+    of ``--data``. B's canonical copy is not kept (one copy of B less on large models)."""
+    from symspec.alignment import align, get_method
+    from symspec.errors import SymspecInputError
+
+    m = get_method(method)
+    data = None
+    if data_arg is not None or m.needs_data:
+        if not m.needs_data:
+            raise SymspecInputError(f"--data is for data-driven methods; '{m.name}' ({m.label}) reads none")
+        from symspec.analyzers.data import hooks_module, load_data
+
+        progress.phase("loading data")
+        data = load_data(data_arg, model=la.model, module=hooks_module(la, factory), split="train")
+    progress.phase("binding and canonicalising")
+    return align(la.model, lb.model, spec, method=m, data=data, progress=progress, keep_canonical_b=False, **kw)
+
+
 def _summary(command: str, a: str, b: str, out: Path, files: list[str], result: Any, extra: dict[str, Any]) -> dict[str, Any]:
     data: dict[str, Any] = {"command": command, "a": a, "b": b, "out": str(out), "files": files}
     if result is not None:
@@ -172,8 +173,10 @@ def _print_summary(data: dict[str, Any]) -> None:
 
     console = stdout_console()
     if "objective" in data:
-        console.print(f"symspec {data['command']}: spec '{data['spec']}', groups {data.get('groups', 'full')}")
-        console.print("objective (sum over the bound parameters of ||A - g.B||^2) per round:")
+        console.print(f"symspec {data['command']}: spec '{data['spec']}', method {data.get('method', 'weight')}, "
+                      f"groups {data.get('groups', 'full')}")
+        console.print("objective per round" + (" (sum over the bound parameters of ||A - g.B||^2):"
+                                               if data.get("method", "weight").startswith("weight") else ":"))
         t = Table()
         t.add_column("round", justify="right")
         t.add_column("objective", justify="right")
@@ -201,8 +204,13 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option("--spec", "spec_arg", metavar="PATH|NAME", help="Spec file or built-in name (default: A's model file SPEC, else the built-in spec for A's class)."),
         click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output folder (written atomically)."),
-        click.option("--groups", default="full", show_default=True, help=GROUPS_HELP),
-        click.option("--rounds", default=10, show_default=True, type=click.IntRange(0, 10000), help="At most this many rounds of coordinate descent."),
+        click.option("--method", default="weight", show_default=True, type=MethodChoice(),
+                     help="Alignment method, any registered one (`symspec methods` lists them)."),
+        click.option("--data", "data_arg", metavar="SOURCE",
+                     help="For data-driven methods: the examples they align on (the train split of SOURCE; "
+                          "same syntax as barrier's --data)."),
+        click.option("--groups", default=None, help=GROUPS_HELP),
+        click.option("--rounds", default=10, show_default=True, type=click.IntRange(0, 10000), help="At most this many rounds of the method's iteration."),
         click.option("--tol", default=1e-6, show_default=True, type=FiniteFloat(0), help="Stop once a round improves the objective by less than this (relative)."),
         click.option("--device", default="cpu", show_default=True, help="Where the dense work runs: cpu or cuda."),
         click.option("--model", "factory", metavar="MODEL.py", help="For state-dict checkpoints: the model file whose build() makes their module."),
@@ -219,9 +227,11 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("model_b", metavar="B")
 @_common_options
 @handle_errors
-def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, groups: str, rounds: int, tol: float,
-              device: str, factory: str | None, force: bool, as_json: bool) -> None:
-    """Align model B to model A in weight space (data-free) under a spec.
+def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, method: str, data_arg: str | None,
+              groups: str | None, rounds: int, tol: float, device: str, factory: str | None, force: bool,
+              as_json: bool) -> None:
+    """Align model B to model A under a spec, with any registered method (default: weight
+    matching, data-free).
 
     A and B: model files, Hugging Face folders, or state dicts / safetensors with --model.
     Writes into OUT: B aligned, in B's own format (a Hugging Face folder stays one; a
@@ -230,18 +240,15 @@ def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, group
     match.json (objective per round, time per phase). Exit 0 on success, 2 on bad input.
     """
     _quiet_threads()
-    from symspec.match import weight_match
-
-    check_output(out, force, [model_a, model_b, factory, spec_arg])
+    check_output(out, force, [model_a, model_b, factory, spec_arg, *data_inputs(data_arg)])
     dev = _device(device)
     with _Progress(True) as progress:
         la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
-        progress.phase("binding and canonicalising")
-        result = weight_match(la.model, lb.model, spec, groups=groups, rounds=rounds, tol=tol, device=dev, progress=progress,
-                              keep_canonical_b=False)
+        result = _align(la, lb, spec, method, data_arg, factory, progress, groups=groups, rounds=rounds, tol=tol,
+                        device=dev)
         progress.phase("writing")
         files: list[str] = []
-        data = _summary("match", model_a, model_b, out, files, result, {"groups": groups})
+        data = _summary("match", model_a, model_b, out, files, result, {"groups": result.record.meta["groups"]})
 
         def fill(folder: Path) -> None:
             files.extend(write_model(lb, result.aligned_b, folder))
@@ -263,23 +270,29 @@ def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, group
 @click.argument("model_a", metavar="A")
 @click.argument("model_b", metavar="B")
 @click.option("--alpha", default=0.5, show_default=True, type=FiniteFloat(0, 1), help="Weight of B: (1 - alpha) A + alpha B.")
-@click.option("--no-align", "no_align", is_flag=True, help="Interpolate the weights as they are (vanilla averaging).")
+@click.option("--no-align", "no_align", is_flag=True, help="Interpolate the weights as they are (vanilla averaging): --method none.")
 @_common_options
 @handle_errors
-def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg: str | None, out: Path, groups: str,
-              rounds: int, tol: float, device: str, factory: str | None, force: bool, as_json: bool) -> None:
+def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg: str | None, out: Path, method: str,
+              data_arg: str | None, groups: str | None, rounds: int, tol: float, device: str, factory: str | None,
+              force: bool, as_json: bool) -> None:
     """Write the interpolation (1 - alpha) A + alpha B, with B aligned to A first.
 
     The merged model keeps A's class and format; aligned, it is in canonical form (norm
     gains folded into the layers that read them: same function, same class). With
-    --no-align, the raw weights are averaged and no spec is needed. Exit 0 on success,
-    2 on bad input.
+    --no-align (--method none), the raw weights are averaged and no spec is needed. Exit
+    0 on success, 2 on bad input.
     """
     _quiet_threads()
-    from symspec.match import check_finite, interpolate_state_dicts, weight_match
+    from symspec.alignment import get_method
+    from symspec.statedict import check_finite, interpolate_state_dicts
 
-    check_output(out, force, [model_a, model_b, factory, spec_arg])
+    check_output(out, force, [model_a, model_b, factory, spec_arg, *data_inputs(data_arg)])
     dev = _device(device)
+    if no_align:
+        method = "none"
+    # a method that does not use canonical forms (vanilla averaging) merges the raw weights
+    no_align = not get_method(method).canonical
     with _Progress(True) as progress:
         if no_align:
             from symspec.loading import load_model
@@ -309,14 +322,13 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
             result = None
         else:
             la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
-            progress.phase("binding and canonicalising")
-            result = weight_match(la.model, lb.model, spec, groups=groups, rounds=rounds, tol=tol, device=dev, progress=progress,
-                                  keep_canonical_b=False)
+            result = _align(la, lb, spec, method, data_arg, factory, progress, groups=groups, rounds=rounds, tol=tol,
+                            device=dev)
             merged = result.interpolate(alpha)
         progress.phase("writing")
         files: list[str] = []
-        data = _summary("merge", model_a, model_b, out, files, result, {"alpha": alpha, "aligned": not no_align,
-                                                                         **({"groups": groups} if not no_align else {})})
+        extra = {"groups": result.record.meta["groups"]} if result is not None else {"method": "none"}
+        data = _summary("merge", model_a, model_b, out, files, result, {"alpha": alpha, "aligned": not no_align, **extra})
 
         def fill(folder: Path) -> None:
             files.extend(write_model(la, merged, folder))

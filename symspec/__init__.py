@@ -1,7 +1,7 @@
 """symspec: weight-space symmetries of Transformers.
 
 Declare a model's symmetry groups in a YAML spec, check that they preserve the
-function, and (in later modules) align and merge models with them.
+function, align models with any registered method (``symspec.align``) and merge them.
 
 The public surface is re-exported here and imported lazily, so that ``symspec --help``
 stays fast:
@@ -29,6 +29,10 @@ _EXPORTS = {
     "Problem": "symspec.problem",
     "check": "symspec.checker",
     "CheckReport": "symspec.checker",
+    "align": "symspec.alignment",
+    "AlignResult": "symspec.alignment",
+    "method_names": "symspec.alignment",
+    "register_method": "symspec.alignment",
     "weight_match": "symspec.match",
     "MatchResult": "symspec.match",
     "universe_match": "symspec.universe",
@@ -37,8 +41,8 @@ _EXPORTS = {
     "sample_elements": "symspec.transforms",
     "canonicalize_model": "symspec.transforms",
     "canonicalize_state_dict": "symspec.transforms",
-    "plant": "symspec.transforms",
-    "PlantedCopy": "symspec.transforms",
+    "plant": "symspec.planting",
+    "PlantedCopy": "symspec.planting",
     "parse_group": ("symspec.groups", "parse"),
     "SymspecError": "symspec.errors",
     "SymspecInputError": "symspec.errors",
@@ -51,7 +55,7 @@ _EXPORTS = {
 # submodule sets it as an attribute of the package, which would shadow a function
 # exported under the same name.
 _SUBMODULES = ("groups", "spec", "testing", "transforms", "graph", "problem", "errors", "loading",
-               "binding", "checker", "match", "universe", "record", "solvers", "analyzers")
+               "binding", "checker", "alignment", "match", "universe", "record", "solvers", "analyzers")
 
 __all__ = [*sorted(_EXPORTS), "__version__"]
 

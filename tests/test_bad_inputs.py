@@ -24,7 +24,7 @@ import torch
 
 from symspec.analyzers.data import write_idx
 from symspec.loading import load_model
-from symspec.universe_workers import RAY_CONNECT_TIMEOUT, check_ray_address, ray_endpoint
+from symspec.runtime import RAY_CONNECT_TIMEOUT, check_ray_address, ray_endpoint
 from tests.cli_files import ROOT, model_file, run, write_words
 from tests.needs import optional
 
@@ -454,7 +454,7 @@ def test_ray_endpoints(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_ray_executor_checks_the_address_before_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
     ray = optional("ray")
     from symspec.errors import SymspecInputError
-    from symspec.universe_workers import RayExecutor
+    from symspec.runtime import RayExecutor
 
     if ray.is_initialized():
         pytest.skip("a Ray session is already open in this process (its address is used as it is)")

@@ -16,9 +16,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from symspec.alignment import registered
 from symspec.analyzers.barrier import (
-    ALIGNERS,
-    Aligned,
     Measurer,
     accuracy_barrier,
     loss_barrier,
@@ -33,6 +32,7 @@ from symspec.analyzers.report import REPORT_SCHEMA, BarrierReport
 from symspec.analyzers.testing import fit, planted_pair
 from symspec.errors import SymspecInputError
 from tests.cli_files import write_words
+from tests.methods import Oracle
 from tests.zoo import example
 
 # ----------------------------------------------------------------------------- the definition
@@ -142,13 +142,14 @@ def test_a_model_with_itself_has_barrier_zero(setup: str, request: pytest.Fixtur
 
 
 @pytest.mark.parametrize("setup, spec", [("gpt_setup", "nanogpt"), ("vit_setup", "vit")])
-def test_planted_symmetry_has_a_barrier_that_alignment_removes(setup: str, spec: str, request: pytest.FixtureRequest,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_planted_symmetry_has_a_barrier_that_alignment_removes(setup: str, spec: str,
+                                                               request: pytest.FixtureRequest) -> None:
     s = request.getfixturevalue(setup)
     planted = planted_pair(s["model"], spec, seed=3)
     a, b = as_model(planted.module, planted.sd_a), as_model(planted.module, planted.sd_b)
-    monkeypatch.setitem(ALIGNERS, "planted", lambda ma, mb, **_: Aligned(planted.module, planted.sd_a, planted.aligned_b))
-    res = measure([(a, b)], s["val"], methods=["none", "planted"], points=11)
+    key = next(k for k in planted.sd_b if k.endswith("head.weight"))
+    with registered(Oracle([planted], key=key)):
+        res = measure([(a, b)], s["val"], methods=["none", "planted"], points=11, spec=spec)
     before, after = res["none"][0], res["planted"][0]
     # g preserves the function: both endpoints have A's loss
     assert before.curve.loss_b == pytest.approx(before.curve.loss_a, rel=1e-5)
@@ -182,21 +183,12 @@ def test_permutation_only_matching_undoes_a_planted_permutation_but_not_a_rotati
         assert res["weight"][0].align_info["rounds"] >= 1 and res["weight"][0].align_seconds > 0
 
 
-def test_weight_alignment_without_the_matcher_or_a_spec_is_an_input_error(gpt_setup: dict,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
+def test_weight_alignment_without_a_spec_is_an_input_error(gpt_setup: dict) -> None:
     m = gpt_setup["model"]
-    monkeypatch.setitem(sys.modules, "symspec.match", None)  # as if weight matching were not installed
-    with pytest.raises(SymspecInputError, match=r"needs symspec\.match\.weight_match"):
-        pair_barrier(m, m, gpt_setup["val"], method="weight", spec="nanogpt")
-    monkeypatch.delitem(sys.modules, "symspec.match")
-    try:
-        import symspec.match  # noqa: F401
-    except ImportError:
-        return
-    with pytest.raises(SymspecInputError, match="needs a spec"):
+    with pytest.raises(SymspecInputError, match="weight matching needs a spec"):
         pair_barrier(m, m, gpt_setup["val"], method="weight", spec=None)
+    # vanilla averaging needs none
+    assert pair_barrier(m, m, gpt_setup["val"], method="none", spec=None, points=3).barrier.value == 0.0
 
 
 def test_unknown_methods_are_named(gpt_setup: dict) -> None:
@@ -270,11 +262,10 @@ def test_several_pairs_give_mean_and_standard_error(three_pairs: dict) -> None:
     assert s.loss_mean[2] == pytest.approx(statistics.fmean(r.curve.losses[2] for r in res["none"]))
 
 
-def test_report_follows_its_schema_and_summary_and_plot_show_it(three_pairs: dict, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_follows_its_schema_and_summary_and_plot_show_it(three_pairs: dict, tmp_path: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    monkeypatch.setitem(ALIGNERS, "planted", _planted_aligner(three_pairs))
-    res = measure(three_pairs["pairs"], three_pairs["val"], methods=["none", "planted"], points=5)
+    with registered(Oracle(three_pairs["planted"])):
+        res = measure(three_pairs["pairs"], three_pairs["val"], methods=["none", "planted"], points=5, spec="nanogpt")
     report = BarrierReport.build(three_pairs["val"], res, seconds=1.0)
     doc = json.loads(report.to_json())
     jsonschema.validate(doc, REPORT_SCHEMA)
@@ -298,16 +289,6 @@ def test_report_follows_its_schema_and_summary_and_plot_show_it(three_pairs: dic
 
     png = report.plot(tmp_path / "curves.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-
-
-def _planted_aligner(three: dict):  # type: ignore[no-untyped-def]
-    """Aligns each pair by its own planted inverse (the pairs are matched by their B weights)."""
-    def align(ma: torch.nn.Module, mb: torch.nn.Module, **_: object) -> Aligned:
-        for p in three["planted"]:
-            if torch.equal(mb.state_dict()["lm_head.weight"], p.sd_b["lm_head.weight"]):
-                return Aligned(p.module, p.sd_a, p.aligned_b)
-        raise AssertionError("unknown pair")
-    return align
 
 
 def test_non_finite_numbers_stay_valid_json(three_pairs: dict) -> None:

@@ -193,10 +193,10 @@ def test_non_persistent_buffers_stay_the_modules_own() -> None:
 
 @pytest.mark.parametrize("family", ["llama", "gemma"])
 def test_aligned_module_keeps_the_buffers_outside_the_state_dict(zoo: Zoo, family: str) -> None:
-    from symspec.analyzers.barrier import align_weight
+    from symspec.analyzers.barrier import align_pair
 
     a, b = (load_model(zoo.folder(family, s)).model for s in (0, 1))
-    aligned = align_weight(a, b, spec=family)
+    aligned = align_pair("weight", a, b, spec=family)
     own = dict(a.named_buffers())
     moved = dict(aligned.module.named_buffers())
     assert set(own) - set(a.state_dict())  # rotary frequencies (and Gemma's embedding scale)

@@ -16,6 +16,7 @@ import symspec
 from symspec.binding import bind
 from symspec.errors import SymspecInputError
 from symspec.match import interpolate_state_dicts, weight_distance, weight_match
+from symspec.solvers import WeightOptions
 from symspec.spec import builtin_names
 from symspec.transforms import (
     apply_elements,
@@ -256,30 +257,32 @@ def test_assignments_in_threads_give_the_same_result() -> None:
     # order, so the result is the one of lap_workers=1, bit for bit
     a, _ = build("nanogpt", seed=0, n_layer=4, n_ff=24)
     b, _ = build("nanogpt", seed=1, n_layer=4, n_ff=24)
-    one = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, lap_workers=1)
-    three = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, lap_workers=3)
+    one = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, options=WeightOptions(lap_workers=1))
+    three = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, options=WeightOptions(lap_workers=3))
     assert one.history[-1] < one.history[0]
     assert one.history == three.history
     for p, v in one.aligned_b.items():
         assert torch.equal(v, three.aligned_b[p]), p
     with pytest.raises(SymspecInputError, match="lap_workers"):
-        weight_match(a, b, "nanogpt", rounds=1, lap_workers=0)
+        weight_match(a, b, "nanogpt", rounds=1, options=WeightOptions(lap_workers=0))
 
 
 def test_overlapped_head_solves_give_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
     # on few cores the within-head solves run in a worker beside the FF assignments
     # (torch's threads drop to the solvers' own meanwhile); spaces of a class share no
     # parameter, so the result is the one of solving them one after the other, bit for bit
-    from symspec.solvers import weight
+    import threading
+
+    from symspec.solvers import descent
 
     in_worker: list[bool] = []
-    solve = weight._Engine._solve_batched
+    solve = descent._ClassWork.solve_many
 
-    def spy(self: Any, group: Any, problems: Any, own_threads: bool) -> Any:
-        in_worker.append(not own_threads)
-        return solve(self, group, problems, own_threads)
+    def spy(self: Any, group: Any, problems: Any) -> Any:
+        in_worker.append(threading.current_thread() is not threading.main_thread())
+        return solve(self, group, problems)
 
-    monkeypatch.setattr(weight._Engine, "_solve_batched", spy)
+    monkeypatch.setattr(descent._ClassWork, "solve_many", spy)
     # the background solve reads only statistics computed before B's transformed data
     # was let go: nothing is recomputed from it afterwards
     from symspec.solvers.base import DataTerm
@@ -303,12 +306,12 @@ def test_overlapped_head_solves_give_the_same_result(monkeypatch: pytest.MonkeyP
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # overlap needs torch's threads <= the solvers' (1) + 1
     try:
-        on = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, overlap=True)
+        on = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, options=WeightOptions(overlap=True))
         assert torch.get_num_threads() == 2  # restored
         assert in_worker and all(in_worker)
         assert not recomputed
         in_worker.clear()
-        off = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, overlap=False)
+        off = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, options=WeightOptions(overlap=False))
         assert in_worker and not any(in_worker)
     finally:
         torch.set_num_threads(before)

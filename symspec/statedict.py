@@ -1,0 +1,96 @@
+"""Arithmetic and checks on state dicts, shared by alignment, universe matching, merging
+and the checker: one implementation each.
+
+>>> import torch
+>>> a, b = {"w": torch.zeros(2)}, {"w": torch.ones(2)}
+>>> interpolate_state_dicts(a, b, 0.25)["w"].tolist()
+[0.25, 0.25]
+>>> squared_distance(a, b, ["w"])
+2.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from .errors import SymspecInputError
+from .groups import Element
+
+#: dtypes matched in a wider working dtype and written back in their own
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def working_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision weights stored in ``dtype`` are aligned in: float32 for float16 and
+    bfloat16 (the results are cast back for writing), else ``dtype`` itself.
+
+    >>> working_dtype(torch.bfloat16), working_dtype(torch.float64)
+    (torch.float32, torch.float64)
+    """
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def widen(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` with its float16/bfloat16 entries in float32 (the others as they are), to be
+    canonicalised and aligned in float32."""
+    return {k: (v.float() if v.dtype in LOW_PRECISION else v) for k, v in sd.items()}
+
+
+def squared_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], names: Iterable[str]) -> float:
+    """sum over ``names`` of ||a - b||^2, accumulated in float64 (never negative)."""
+    return float(sum(float((a[p].double() - b[p].double()).square().sum()) for p in names))
+
+
+def interpolate_state_dicts(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], alpha: float,
+                            out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """``(1 - alpha) a + alpha b`` for the floating-point entries both hold (exactly ``a``
+    at 0 and ``b`` at 1: ``torch.lerp`` is exact at both ends); the others from ``a``.
+    With ``out``, writes into its tensors (same shapes and dtypes) instead of new ones."""
+    result = out if out is not None else {}
+    for k, v in a.items():
+        w = b.get(k)
+        if w is None or not v.is_floating_point() or not w.is_floating_point():
+            result[k] = v
+        elif out is not None and k in out:
+            torch.lerp(v, w.to(v.dtype), alpha, out=out[k])
+        else:
+            result[k] = torch.lerp(v, w.to(v.dtype), alpha)
+    return result
+
+
+def _finite(v: torch.Tensor) -> bool:
+    # one pass without a temporary: a finite sum means finite entries; an infinite sum
+    # may be an overflow of finite entries, so then look at them
+    return bool(torch.isfinite(v.sum())) or bool(torch.isfinite(v).all())
+
+
+def check_finite(sd: Mapping[str, torch.Tensor], which: str) -> None:
+    """Refuse a state dict with NaN or inf in a floating-point entry (names the first three)."""
+    bad = [k for k, v in sd.items() if isinstance(v, torch.Tensor) and v.is_floating_point() and not _finite(v)]
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise SymspecInputError(f"model {which} has NaN or inf weights in {', '.join(bad[:3])}{more}")
+
+
+def narrow_like(sd: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` with the entries that ``like`` stores in float16/bfloat16 cast back to it."""
+    out = dict(sd)
+    for k, v in sd.items():
+        ref = like.get(k)
+        if ref is not None and ref.dtype in LOW_PRECISION and v.is_floating_point() and v.dtype != ref.dtype:
+            out[k] = v.to(ref.dtype)
+    return out
+
+
+def element_to_cpu(e: Element) -> Element:
+    """An element's tensors, detached, on the CPU (for records and files)."""
+    return {k: v.detach().to("cpu") for k, v in e.items()}
+
+
+def detached_state(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A module's state dict (detached), or a copy of the mapping given."""
+    if isinstance(model, torch.nn.Module):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    return dict(model)
