@@ -44,7 +44,7 @@ from symspec import __version__  # noqa: E402
 from symspec.alignment import get_method  # noqa: E402
 from symspec.analyzers.barrier import mean_stderr  # noqa: E402
 from symspec.analyzers.simplex import analyze_merge, plot_simplex  # noqa: E402
-from symspec.io_util import atomic_write_text  # noqa: E402
+from symspec.outputs import atomic_write_text  # noqa: E402
 from symspec.universe import universe_match  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -1,14 +1,11 @@
-"""Small file helpers: JSON documents keep non-finite numbers as strings. Files are
-written atomically by :func:`symspec.outputs.atomic_write_bytes` (re-exported here),
-with every other output primitive in :mod:`symspec.outputs`."""
+"""JSON documents keep non-finite numbers as strings (files themselves are written by
+:mod:`symspec.outputs`: :func:`~symspec.outputs.atomic_write` and the rest)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from typing import Any
-
-from .outputs import atomic_write_bytes, atomic_write_text
 
 
 def json_safe(x: Any) -> Any:
@@ -27,4 +24,4 @@ def json_safe(x: Any) -> Any:
     return x
 
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "json_safe"]
+__all__ = ["json_safe"]

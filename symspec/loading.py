@@ -33,9 +33,7 @@ import importlib.util
 import inspect
 import json
 import os
-import shutil
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -522,10 +520,10 @@ def save_model(loaded: LoadedModel, state_dict: Mapping[str, torch.Tensor], out:
     if out.exists() and not overwrite:
         raise ModelLoadError(f"{out} exists; refusing to overwrite it")
     target = model if model is not None else loaded.model
+    from .outputs import atomic_write, atomic_write_bytes
+
     if loaded.format == "hf":
         import copy
-
-        from .outputs import TMP_PREFIX
 
         m = copy.deepcopy(target)
         for name, t in m.state_dict(keep_vars=True).items():
@@ -533,21 +531,8 @@ def save_model(loaded: LoadedModel, state_dict: Mapping[str, torch.Tensor], out:
             if dt is not None and t.dtype != dt:
                 t.data = t.data.to(dt)  # the copy's own tensor: save_pretrained writes its dtype
         load_state_dict_into(m, state_dict, str(out))
-        parent = out.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        # a short fixed prefix: ".{out.name}." would pass the name limit for long names
-        tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent))
-        try:
-            m.save_pretrained(str(tmp), safe_serialization=True)
-            if out.exists():
-                shutil.rmtree(out) if out.is_dir() else out.unlink()
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        atomic_write(out, lambda tmp: m.save_pretrained(str(tmp), safe_serialization=True), folder=True)
         return out
-    from .io_util import atomic_write_bytes
-
     sd = _as_stored(_unique_state(target, state_dict), loaded.dtypes)
     if loaded.format == "safetensors" or out.suffix in SAFETENSORS_SUFFIXES:
         from safetensors.torch import save

@@ -16,7 +16,8 @@
 - :class:`FolderLock`: an exclusive ``flock`` on a folder (``universe``'s resumable work
   folder): a second run fails with "another run is using ...", and a killed run's lock
   goes with its process. A folder that is a symbolic link is never followed.
-- :func:`atomic_write_bytes`: one file, written to a temporary sibling and renamed.
+- :func:`atomic_write` (and :func:`atomic_write_bytes`, :func:`atomic_write_text`): one
+  file or folder, built at a temporary sibling and renamed into place.
 
 >>> import tempfile, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -53,7 +54,7 @@ from .errors import SymspecError, SymspecInputError
 #: staging folders are named this prefix and a random part: short enough beside any
 #: legal output name, and recognisable, so that stale ones can be listed
 STAGING_PREFIX = ".symspec-staging-"
-#: temporary files of :func:`atomic_write_bytes`
+#: temporary files and folders of :func:`atomic_write`
 TMP_PREFIX = ".symspec-tmp-"
 #: inside a staging folder: which output it builds, for which process
 MARKER = "staging.json"
@@ -402,22 +403,43 @@ def publish_bytes(targets: Sequence[tuple[Target, bytes]], *, force: bool, flag:
 # --------------------------------------------------------------------------- one file
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary sibling (a short name, so any legal
-    ``path`` works) and a rename; the file gets the usual mode, ``0o666 & ~umask``."""
+def atomic_write(path: str | Path, write: Callable[[Path], None], *, folder: bool = False) -> None:
+    """Build ``path`` at a temporary sibling with ``write(tmp)`` and rename it into place:
+    the one atomic write. A file is made empty for ``write`` to fill and gets the usual
+    mode, ``0o666 & ~umask``; a ``folder`` is made empty for ``write`` to fill and replaces
+    whatever ``path`` held. The sibling's name is short and fixed-prefixed
+    (:data:`TMP_PREFIX`), so any legal ``path`` works; a failure removes it."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=p.parent)
+    if folder:
+        tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=p.parent))
+    else:
+        fd, name = tempfile.mkstemp(prefix=TMP_PREFIX, dir=p.parent)
+        os.close(fd)
+        tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
+        write(tmp)
+        if folder:
+            if p.exists() or p.is_symlink():
+                _remove(p)
+        else:
+            os.chmod(tmp, file_mode())
+        os.replace(tmp, p)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_write`), synced to disk."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    atomic_write(path, write)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -570,6 +592,7 @@ __all__ = [
     "TMP_PREFIX",
     "FolderLock",
     "Target",
+    "atomic_write",
     "atomic_write_bytes",
     "atomic_write_text",
     "check_outputs",

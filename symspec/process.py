@@ -18,6 +18,9 @@ own settings win. Library users on busy machines may export them themselves. Why
   keeps them shared (3.02x -> 2.83x, no slower: ``MALLOC_ARENA_MAX=1 python
   bench/bench_match.py --cases gpt2-small --pairs independent --groups full --layers ''``).
 
+Torch's CPU thread count is process-wide too: :func:`torch_threads` is the one helper
+that sets it, for a block (worker tasks, the solvers' small dense algebra).
+
 This module imports nothing heavy (no torch): the CLI imports it before torch.
 """
 
@@ -27,7 +30,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 #: environment variable -> its value here
 SETTINGS: dict[str, str] = {
@@ -59,3 +62,20 @@ def configure_process() -> None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         for param, value in wanted:
             libc.mallopt(param, value)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's CPU threads set to ``n`` (a process-wide setting; 0 or less: unchanged),
+    and what they were before restored after: the same count everywhere keeps results
+    bitwise identical, whichever thread, process or executor computes them."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n > 0 and n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

@@ -31,7 +31,8 @@ import torch
 from .errors import SymspecInputError
 from .groups import Element, Group
 from .groups import parse as parse_group
-from .io_util import atomic_write_bytes, atomic_write_text
+from .outputs import atomic_write_bytes, atomic_write_text
+from .statedict import element_to_cpu
 
 FORMAT = "symspec-transform"
 VERSION = 1
@@ -41,17 +42,6 @@ INDEX = "transform.json"
 
 class RecordError(SymspecInputError):
     """A transform record that cannot be read, or does not fit the model it is applied to."""
-
-
-def reversed_chains(problem: Any) -> Any:
-    """The problem whose factor chains (``mlp[i] @ scale[i]``) run backwards: with inverse
-    elements it undoes the original."""
-    params = {}
-    for name, pb in problem.params.items():
-        axes = tuple(attrs.evolve(ab, segments=tuple(attrs.evolve(seg, factors=seg.factors[::-1]) for seg in ab.segments))
-                     for ab in pb.axes)
-        params[name] = attrs.evolve(pb, axes=axes)
-    return attrs.evolve(problem, params=params)
 
 
 def _jsonable(x: Any) -> Any:
@@ -78,6 +68,24 @@ class TransformRecord:
     searched: dict[str, str] = attrs.field(factory=dict)
     meta: dict[str, Any] = attrs.field(factory=dict)
     inverted: bool = False
+
+    @classmethod
+    def of(cls, bound: Any, elements: Mapping[str, Element], *, canonical: bool = True,
+           searched: Mapping[str, str] | None = None, meta: Mapping[str, Any] | None = None) -> TransformRecord:
+        """The record of ``elements`` acting on the canonical model of ``bound`` (a
+        :class:`~symspec.binding.BoundSpec`): its spec's name, every space's group, the
+        elements (on the CPU) and, unless ``canonical=False`` (a method that acts on the raw
+        weights), the canonicalisation steps that run first. The one way records are built
+        from an alignment (pairs, universe)."""
+        problem = bound.problem
+        return cls(
+            spec=bound.spec.name,
+            groups={s: str(si.group) for s, si in problem.spaces.items()},
+            elements={s: element_to_cpu(e) for s, e in elements.items()},
+            canonical=[{"kind": op.kind, "args": dict(op.args)} for op in bound.canonical] if canonical else [],
+            searched=dict(searched or {}),
+            meta=dict(meta or {}),
+        )
 
     def group(self, space: str) -> Group:
         try:
@@ -110,7 +118,7 @@ class TransformRecord:
         ``canonicalize=False``, its Problem). ``canonicalize`` defaults to True for a
         forward record and False for an inverted one.
         """
-        from .transforms import apply_elements, canonicalize_state_dict
+        from .transforms import apply_elements, canonicalize_state_dict, reversed_problem
 
         self.fits(bound)
         problem = getattr(bound, "problem", bound)
@@ -121,7 +129,7 @@ class TransformRecord:
                 raise RecordError("canonicalising needs the BoundSpec, not just its Problem")
             sd = canonicalize_state_dict(bound, sd)
         # (A B)^-1 = B^-1 A^-1: an inverted record runs every factor chain backwards
-        return apply_elements(reversed_chains(problem) if self.inverted else problem, self.elements, sd)
+        return apply_elements(reversed_problem(problem) if self.inverted else problem, self.elements, sd)
 
     # -- files -----------------------------------------------------------------------------
     def index(self) -> dict[str, Any]:

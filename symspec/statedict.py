@@ -84,6 +84,20 @@ def narrow_like(sd: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor]
     return out
 
 
+def storage_key(t: torch.Tensor) -> tuple[object, ...]:
+    """What tied entries of a state dict share: distinct tensor objects over one storage,
+    at one offset, with one shape and stride (meta and fake tensors: the object itself).
+
+    >>> w = torch.zeros(2, 3)
+    >>> storage_key(w) == storage_key(w.view(2, 3)), storage_key(w) == storage_key(w[0])
+    (True, False)
+    """
+    try:
+        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.device)
+    except (RuntimeError, NotImplementedError):
+        return (id(t),)
+
+
 def element_to_cpu(e: Element) -> Element:
     """An element's tensors, detached, on the CPU (for records and files)."""
     return {k: v.detach().to("cpu") for k, v in e.items()}

@@ -208,3 +208,32 @@ def test_semi_permutation_widening_preserves_function() -> None:
     y = w_out @ torch.nn.functional.gelu(w_in @ x)
     y2 = (w_out @ t.T) @ torch.nn.functional.gelu(SemiPermutation.support(t) @ w_in @ x)
     assert _close(y, y2)
+
+
+@pytest.mark.parametrize(
+    ("literal", "symbolic"),
+    [("Heads(4)", "Heads(H)"), ("Heads(4, a=Heads(2, GL(2)))", "Heads(H, a=Heads(2, GL(2)))"),
+     ("Heads(4, GL(2), qk=GL(2))", "Heads(H, GL(2), qk=GL(2))"), ("Heads(4, GL(2), bogus=3)", "Heads(H, GL(2), bogus=3)"),
+     ("Heads(4, GL(2), 3)", "Heads(H, GL(2), 3)"), ("Orth(4)", "Orth(d)")],
+)
+def test_one_parser_reads_literal_and_spec_group_text(literal: str, symbolic: str) -> None:
+    """symspec.groups.parse and a spec's group text (symspec.spec.groupexpr) share one
+    parser: the same text form, the same refusals in the same words."""
+    from symspec.spec.groupexpr import parse_group_expr
+
+    with pytest.raises(GroupError) as lit:
+        parse(literal)
+    with pytest.raises(GroupError) as sym:
+        parse_group_expr(symbolic)
+    assert str(lit.value) == str(sym.value)
+
+
+def test_spec_group_text_evaluates_to_the_literal_group() -> None:
+    from symspec.spec.exprs import DimContext
+    from symspec.spec.groupexpr import parse_group_expr
+
+    e = parse_group_expr("Heads(H, qk=RoPE(d / H, rot=2), ov=GL(d / H), kv=K)")
+    g = e.evaluate(DimContext({"H": 4, "d": 16, "K": 2}))
+    assert g == parse("Heads(4, qk=RoPE(4, rot=2), ov=GL(4), kv=2)") and g.rep_paths() == e.rep_paths()
+    with pytest.raises(GroupError, match="Heads: heads must be an integer, got 'H'"):  # literals only
+        parse("Heads(H, GL(2))")

@@ -30,9 +30,11 @@ from symspec.outputs import (
     STAGING_PREFIX,
     FolderLock,
     Target,
+    atomic_write,
     check_outputs,
     publish,
     stale_staging,
+    umask,
     work_folder,
 )
 from tests.cli_files import ROOT, model_file, run, write_words
@@ -529,3 +531,28 @@ def test_publish_is_all_or_nothing_from_the_api(tmp_path: Path) -> None:
     with pytest.raises(SymspecInputError, match="exists; refusing to overwrite it"):
         publish([(first, lambda p: p.write_text("new"))], force=False)
     assert first.path.read_text() == "1" and sorted(p.name for p in tmp_path.iterdir()) == ["one.txt", "two"]
+
+
+@pytest.mark.parametrize("folder", [False, True])
+def test_atomic_write_replaces_whole_or_not_at_all(tmp_path: Path, folder: bool) -> None:
+    target = tmp_path / "deep" / "out"
+
+    def good(text: str) -> Callable[[Path], None]:
+        return (lambda p: (p / "f").write_text(text)) if folder else (lambda p: p.write_text(text))
+
+    def read() -> str:
+        return (target / "f").read_text() if folder else target.read_text()
+
+    atomic_write(target, good("one"), folder=folder)
+    atomic_write(target, good("two"), folder=folder)  # replaces what is there
+    assert read() == "two" and [p.name for p in target.parent.iterdir()] == ["out"]
+
+    def broken(p: Path) -> None:
+        good("half")(p)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):  # the negative case: nothing half-written
+        atomic_write(target, broken, folder=folder)
+    assert read() == "two" and [p.name for p in target.parent.iterdir()] == ["out"]
+    if not folder:
+        assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask()

@@ -18,12 +18,12 @@ from .base import (
     Path,
     Variance,
     make_generator,
-    parse,
     registry_summary,
 )
 from .classic import GL, OC, SP, D, DiagonalGroup, Dpos, Id, O, RoPE, S, centred_basis
 from .heads import Heads
 from .semiperm import SemiPermutation
+from .text import parse
 
 __all__ = [
     "ALIASES",

@@ -1,4 +1,5 @@
-"""The group protocol, the registry of group kinds and the text form.
+"""The group protocol and the registry of group kinds (the text form is parsed in
+:mod:`symspec.groups.text`).
 
 A group is a small frozen (hashable) object: ``S(64)``, ``OC(768)``,
 ``Heads(12, qk=GL(64), ov=GL(64))``. Its text form round-trips: ``parse(str(g)) == g``.
@@ -20,7 +21,6 @@ with a *variance*:
 
 from __future__ import annotations
 
-import ast
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 import attrs
 import torch
 
-from ..errors import GroupError, suggest
+from ..errors import GroupError
 
 Element = dict[str, torch.Tensor]
 Variance = Literal["co", "contra", "abs"]
@@ -270,99 +270,6 @@ def _fmt(value: Any) -> str:
     if isinstance(value, tuple):
         return "(" + ", ".join(_fmt(v) for v in value) + ")"
     return str(value)
-
-
-# ------------------------------------------------------------------------------------
-# Text form: groups are written as Python call expressions and parsed with `ast`, which
-# gives column offsets for error messages for free.
-
-DimResolver = Callable[[ast.expr], int]
-
-
-def parse(text: str, dims: DimResolver | None = None) -> Group:
-    """Parse a group's text form.
-
-    ``dims`` evaluates integer arguments that are not literals (names of a spec's
-    dimensions, arithmetic such as ``d // H``); without it only literals are allowed.
-
-    >>> str(parse("Heads(4, qk=GL(8), ov=GL(8))"))
-    'Heads(4, qk=GL(8), ov=GL(8))'
-    >>> parse("S(3)") == parse(str(parse("S(3)")))
-    True
-    """
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as e:
-        raise GroupError(f"cannot parse group '{text}': {e.msg} at column {e.offset}") from None
-    return _build(tree.body, text, dims)
-
-
-def _literal_int(node: ast.expr) -> int:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_literal_int(node.operand)
-    raise GroupError(f"expected an integer, got '{ast.unparse(node)}'")
-
-
-def _build(node: ast.expr, text: str, dims: DimResolver | None) -> Group:
-    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-        raise GroupError(f"'{ast.unparse(node)}' is not a group (expected e.g. S(n), O(n), GL(n))")
-    name = node.func.id
-    cls = REGISTRY.get(name)
-    if cls is None:
-        hint = suggest(name, REGISTRY, aliases=ALIASES)
-        raise GroupError(f"unknown group '{name}'" + (f"; {hint}" if hint else f"; known: {', '.join(sorted(REGISTRY))}"))
-    custom = getattr(cls, "from_call", None)
-    if custom is not None:
-        return custom(node, lambda sub: _build(sub, text, dims), lambda sub: _int_arg(cls, sub, dims))
-    fields = list(attrs.fields(cls))
-    positional = [f for f in fields if f.name not in cls.keyword_fields]
-    values: dict[str, Any] = {}
-    if len(node.args) > len(positional):
-        raise GroupError(f"{name} takes at most {len(positional)} positional argument(s), got {len(node.args)}")
-    for f, arg in zip(positional, node.args):
-        values[f.name] = _value(cls, f, arg, text, dims)
-    known = {f.name: f for f in fields}
-    for kw in node.keywords:
-        if kw.arg is None or kw.arg not in known:
-            hint = suggest(kw.arg or "", known)
-            raise GroupError(f"{name} has no option '{kw.arg}'" + (f"; {hint}" if hint else ""))
-        values[kw.arg] = _value(cls, known[kw.arg], kw.value, text, dims)
-    missing = [f.name for f in fields if f.name not in values and f.default is attrs.NOTHING]
-    if missing:
-        raise GroupError(f"{name} needs {', '.join(missing)}")
-    try:
-        return cls(**values)
-    except (ValueError, TypeError) as e:
-        raise GroupError(f"{name}: {e}") from None
-
-
-def _value(cls: type[Group], f: attrs.Attribute, node: ast.expr, text: str, dims: DimResolver | None) -> Any:
-    kind = f.metadata.get("kind", "int")
-    if kind == "group":
-        return _build(node, text, dims)
-    if kind == "enum":
-        choices: tuple[str, ...] = f.metadata["choices"]
-        if isinstance(node, ast.Name) and node.id in choices:
-            return node.id
-        if isinstance(node, ast.Constant) and node.value in choices:
-            return node.value
-        raise GroupError(f"{cls.kind}: option {f.name} must be one of {', '.join(choices)}, got '{ast.unparse(node)}'")
-    if kind == "float":
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return float(node.value)
-        raise GroupError(f"{cls.kind}: option {f.name} must be a number, got '{ast.unparse(node)}'")
-    return _int_arg(cls, node, dims, f.name)
-
-
-def _int_arg(cls: type[Group], node: ast.expr, dims: DimResolver | None, what: str = "argument") -> int:
-    try:
-        return _literal_int(node)
-    except GroupError:
-        if dims is None:
-            raise GroupError(f"{cls.kind}: {what} must be an integer, got '{ast.unparse(node)}'") from None
-        return dims(node)
 
 
 def positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:

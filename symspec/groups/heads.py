@@ -20,8 +20,7 @@ in it; for the key/value view ``x'[j] = g[j] . x[perm[j]]``.
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -29,6 +28,7 @@ import torch
 from ..errors import GroupError
 from .base import Element, Group, Path, Variance, make_generator, register
 from .classic import Id
+from .text import CallParser, GroupCall
 
 
 def _index(e: Element, idx: torch.Tensor) -> Element:
@@ -63,27 +63,33 @@ class Heads(Group):
 
     # -- text form ---------------------------------------------------------------------
     @classmethod
-    def from_call(cls, node: ast.Call, group: Callable[[ast.expr], Group], integer: Callable[[ast.expr], int]) -> Heads:
+    def from_call(cls, node: ast.Call, parser: CallParser) -> GroupCall:
+        """``Heads(H, [within], kv=K, part=group, ...)``: the parts are named by keywords, and
+        each has a query-head and a key/value view. What Heads refuses whatever the sizes is
+        refused here, in its own words."""
         if not node.args:
             raise GroupError("Heads needs the number of heads, e.g. Heads(12, GL(64))")
         if len(node.args) > 2:
             raise GroupError("Heads takes the number of heads and at most one unnamed within-head group")
-        heads = integer(node.args[0])
-        parts: list[tuple[str, Group]] = []
-        if len(node.args) == 2:
-            parts.append(("", group(node.args[1])))
-        kv: int | None = None
+        fields: list[tuple[str, Any]] = [("heads", parser.dim(node.args[0], "Heads: heads"))]
+        parts = [("", parser.call(node.args[1]))] if len(node.args) == 2 else []
         for kw in node.keywords:
             if kw.arg is None:
                 raise GroupError("Heads does not take **kwargs")
             if kw.arg == "kv":
-                kv = integer(kw.value)
+                fields.append(("kv", parser.dim(kw.value, "Heads: kv")))
             else:
-                parts.append((kw.arg, group(kw.value)))
-        try:
-            return cls(heads, tuple(parts), heads if kv is None else kv)
-        except ValueError as e:
-            raise GroupError(f"Heads: {e}") from None
+                parts.append((kw.arg, parser.call(kw.value)))
+        names = [p for p, _ in parts]
+        if not parts:
+            raise GroupError("Heads: Heads needs a within-head group")
+        if "" in names and len(names) > 1:
+            raise GroupError("Heads: part names must be distinct")
+        if any(issubclass(call.cls, Heads) for _, call in parts):
+            raise GroupError("Heads: a within-head group cannot itself be a head group")
+        fields.insert(1, ("parts", tuple(parts)))
+        paths = tuple(p for name in names for p in (((name,), (name, "kv")) if name else ((), ("kv",))))
+        return GroupCall(cls, tuple(fields), paths)
 
     def __str__(self) -> str:
         args = [str(self.heads)]

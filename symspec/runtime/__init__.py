@@ -6,7 +6,8 @@ per model and round): a task is a picklable object with ``index``, ``name`` and
 as it completes (``executor.run(tasks, on_done)``), never raising for a task that failed:
 a failure comes back as an ``ok: False`` result naming the task, and the caller decides.
 
-- :mod:`.task`: the task protocol, :func:`run_task`, the ``setup`` hook, torch threads;
+- :mod:`.task`: the task protocol, :func:`run_task`, the ``setup`` hook (and
+  :func:`torch_threads`, from :mod:`symspec.process`);
 - :mod:`.local`: :class:`InlineExecutor`, :class:`ProcessExecutor` and the worker loop;
 - :mod:`.cluster`: :class:`RayExecutor` and the Ray address check.
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import importlib
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import SymspecInputError
+from ..process import torch_threads
 
 #: what a task returns, and what an executor hands back: ``ok``, ``index``, ``name``,
 #: then the task's own fields, or ``input``/``error`` (and ``crashed``) for a failure
@@ -50,23 +49,6 @@ def run_setup(setup: str | None) -> None:
     module, _, fn = setup.partition(":")
     getattr(importlib.import_module(module), fn or "setup")()
     _SETUP_DONE.add(setup)
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run with ``n`` torch threads (restored after; ``n <= 0`` leaves the count alone):
-    the same count in every executor keeps results bitwise identical, whichever process
-    computes them."""
-    import torch
-
-    before = torch.get_num_threads()
-    if n > 0 and n != before:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
 
 
 def failure(task: Any, error: str, *, input: bool, crashed: bool = False) -> Result:

@@ -8,14 +8,14 @@ statistics and solves as it likes, as long as it takes the solutions of each gro
 spaces in order and runs every torch operation at a thread count that does not depend on
 timing: the result is then the same, bit for bit, whatever the strategy (tested).
 
-:func:`torch_threads` is the one helper that sets torch's thread count.
+:func:`symspec.process.torch_threads` is the one helper that sets torch's thread count.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
@@ -23,22 +23,8 @@ import attrs
 import torch
 
 from ..groups import Element, Group
+from ..process import torch_threads
 from .base import SolveContext, Term, solver_for
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """torch's CPU threads set to ``n`` (a process-wide setting; 0 or less: unchanged),
-    and what they were before restored after: the same count everywhere keeps results
-    bitwise identical, whichever thread or process computes them."""
-    before = torch.get_num_threads()
-    if n > 0 and n != before:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
 
 
 def solver_threads(device: torch.device, threads: int) -> contextlib.AbstractContextManager[None]:

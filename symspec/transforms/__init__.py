@@ -3,7 +3,14 @@
 They see the typed problem and the concrete canonicalisation steps, never the spec or the
 binding (planted copies, which bind a spec first, are :mod:`symspec.planting`)."""
 
-from .apply import apply_elements, inverse_elements, sample_elements, transform_tensor
+from .apply import (
+    apply_elements,
+    inverse_elements,
+    reversed_binding,
+    reversed_problem,
+    sample_elements,
+    transform_tensor,
+)
 from .canonical import canonicalize_model, canonicalize_state_dict
 
 __all__ = [
@@ -11,6 +18,8 @@ __all__ = [
     "canonicalize_model",
     "canonicalize_state_dict",
     "inverse_elements",
+    "reversed_binding",
+    "reversed_problem",
     "sample_elements",
     "transform_tensor",
 ]

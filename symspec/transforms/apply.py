@@ -13,6 +13,7 @@ import torch
 
 from ..groups import Element
 from ..problem import ParamBinding, Problem
+from ..statedict import storage_key
 
 
 def transform_tensor(problem: Problem, binding: ParamBinding, x: torch.Tensor,
@@ -60,7 +61,7 @@ def apply_elements(problem: Problem, elements: Mapping[str, Element],
         if not binding.spaces() & set(elements):
             continue
         src = state_dict[name]
-        key = _storage_key(src)
+        key = storage_key(src)
         if name in tie_of and key in done:
             out[name] = done[key]
             continue
@@ -71,20 +72,18 @@ def apply_elements(problem: Problem, elements: Mapping[str, Element],
     return out
 
 
-def _storage_key(t: torch.Tensor) -> tuple[object, ...]:
-    """Tied entries of a state dict are distinct tensor objects over one storage."""
-    try:
-        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.device)
-    except (RuntimeError, NotImplementedError):
-        return (id(t),)
-
-
 def reversed_binding(binding: ParamBinding) -> ParamBinding:
     """The binding whose factor chains (``mlp[i] @ scale[i]``) run backwards: with inverse
     elements it undoes ``binding`` ((A B)^-1 = B^-1 A^-1)."""
     axes = tuple(attrs.evolve(ab, segments=tuple(attrs.evolve(s, factors=s.factors[::-1]) for s in ab.segments))
                  for ab in binding.axes)
     return attrs.evolve(binding, axes=axes)
+
+
+def reversed_problem(problem: Problem) -> Problem:
+    """``problem`` with every binding's factor chains reversed (:func:`reversed_binding`):
+    applying inverse elements with it undoes applying the elements with ``problem``."""
+    return attrs.evolve(problem, params={n: reversed_binding(pb) for n, pb in problem.params.items()})
 
 
 def inverse_elements(problem: Problem, elements: Mapping[str, Element]) -> dict[str, Element]:

@@ -175,8 +175,8 @@ def transform_between(records: Sequence[TransformRecord], source: int, target: i
     """``g_target^-1 g_source`` from universe records (see :meth:`UniverseResult.transform`)."""
     ri, rj = records[source], records[target]
     elements = relative_elements({s: ri.group(s) for s in ri.elements}, ri.elements, rj.elements)
-    return TransformRecord(ri.spec, dict(ri.groups), elements, list(ri.canonical), dict(ri.searched),
-                           dict(meta) if meta is not None else {"method": "universe", "from": source, "to": target})
+    return attrs.evolve(ri, elements=elements, inverted=False,
+                        meta=dict(meta) if meta is not None else {"method": "universe", "from": source, "to": target})
 
 
 __all__ = ["ModelEntry", "StateUniverse", "UniverseResult", "relative_elements", "transform_between"]

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from ..outputs import FolderLock, clear_folder
+from ..outputs import FolderLock, atomic_write, atomic_write_bytes, atomic_write_text, clear_folder
+from ..statedict import storage_key
 from .errors import UniverseError
 from .progress import Progress, UniverseEvent
 
@@ -40,22 +41,14 @@ def save_tensors(path: str | Path, tensors: Mapping[str, torch.Tensor], metadata
     """Write a safetensors file atomically (tied entries are stored as separate copies)."""
     from safetensors.torch import save_file
 
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    seen: set[tuple[int, Any]] = set()
+    seen: set[tuple[object, ...]] = set()
     out: dict[str, torch.Tensor] = {}
     for k, v in tensors.items():
         t = v.detach().to("cpu").contiguous()
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        key = storage_key(t)
         out[k] = t.clone() if key in seen and t.numel() else t
         seen.add(key)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    try:
-        save_file(out, str(tmp), metadata=dict(metadata) if metadata else None)
-        os.replace(tmp, p)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: save_file(out, str(tmp), metadata=dict(metadata) if metadata else None))
 
 
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
@@ -67,8 +60,6 @@ def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
 
 def write_json(path: str | Path, data: Any) -> None:
     """Write ``data`` as JSON, atomically."""
-    from ..io_util import atomic_write_text
-
     atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
@@ -193,9 +184,7 @@ class WorkFolder:
     def save_config(self, config: Any) -> str:
         """Pickle the run's config (every task reads it) and return its path."""
         path = self.path / "run.pkl"
-        with open(path.with_suffix(".tmp"), "wb") as f:
-            pickle.dump(config, f)
-        os.replace(path.with_suffix(".tmp"), path)
+        atomic_write_bytes(path, pickle.dumps(config))
         return str(path)
 
     def canonical(self, key: str) -> Path:
