@@ -2,8 +2,9 @@
 
 The pieces, in pipeline order:
 
-- :mod:`~symspec.analyzers.data`: evaluation data and losses (character text, MNIST,
-  scikit-learn digits, a model file's own ``data()`` hook);
+- evaluation data and losses live in the core, :mod:`symspec.data` (text, tokenised or
+  character-level, image folders, saved ``datasets``, MNIST, scikit-learn digits, a
+  model file's own ``data()`` hook); ``symspec.analyzers.data`` re-exports it;
 - :mod:`~symspec.analyzers.interpolate`: one module instance evaluates (1-λ)·A + λ·B at
   K points (``torch.func.functional_call``, data on the device once);
 - :mod:`~symspec.analyzers.barrier`: barriers (DESIGN §4), mean ± standard error over

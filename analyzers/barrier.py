@@ -32,9 +32,9 @@ import attrs
 import torch
 
 from symspec.alignment import get_method
+from symspec.data import EvalData, check_fits
 from symspec.errors import SymspecInputError
 
-from .data import EvalData, check_fits
 from .interpolate import Curve, PathError, PathEvaluator, check_pair, functional_names
 
 
@@ -287,7 +287,7 @@ def pair_barrier(model_a: torch.nn.Module, model_b: torch.nn.Module, data: EvalD
     """The barrier between two models on ``data`` (one method, one pair).
 
     >>> import torch
-    >>> from symspec.analyzers.data import EvalData, cross_entropy
+    >>> from symspec.data import EvalData, cross_entropy
     >>> x = torch.randn(8, 3); y = torch.randint(2, (8,))
     >>> data = EvalData("toy", "hook", "val", [((x,), y)], cross_entropy, None)
     >>> a = torch.nn.Linear(3, 2)

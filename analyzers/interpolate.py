@@ -26,10 +26,9 @@ from typing import Any
 import attrs
 import torch
 
+from symspec.data import EvalData, call_model
 from symspec.errors import SymspecInputError
 from symspec.statedict import interpolate_state_dicts
-
-from .data import EvalData, call_model
 
 Progress = Callable[[int], None]
 

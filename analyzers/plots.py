@@ -28,7 +28,7 @@ def plot_results(results: Mapping[str, Sequence[PairResult]], path: str | Path, 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from symspec.io_util import atomic_write_bytes
+    from symspec.outputs import atomic_write_bytes
 
     methods = {m: list(rs) for m, rs in results.items() if rs}
     if not methods:

@@ -16,10 +16,11 @@ from typing import Any
 
 import attrs
 
-from symspec.io_util import atomic_write_bytes, json_safe
+from symspec.data import EvalData
+from symspec.io_util import json_safe
+from symspec.outputs import atomic_write_bytes
 
 from .barrier import PairResult, Summary, method_label, summarize
-from .data import EvalData
 
 SCHEMA_ID = "symspec.barrier/1"
 

@@ -34,9 +34,9 @@ from typing import Any
 import attrs
 import torch
 
+from symspec.data import EvalData
 from symspec.errors import SymspecInputError
 
-from .data import EvalData
 from .interpolate import PathEvaluator, check_pair
 
 StateLoader = Callable[[int], Mapping[str, torch.Tensor]]
@@ -355,7 +355,7 @@ def plot_simplex(surfaces: Sequence[SimplexSurface], path: str | Path, *, title:
     from matplotlib.figure import Figure
     from matplotlib.tri import Triangulation
 
-    from symspec.io_util import atomic_write_bytes
+    from symspec.outputs import atomic_write_bytes
 
     surfaces = [s for s in surfaces if len(s.names) == 3]
     if not surfaces:

@@ -5,7 +5,7 @@
   barrier of (A, B) is positive for a trained A (the straight line leaves the
   symmetry orbit), and that of (A, g⁻¹·B) is zero to numerical precision. Any
   aligner must bring B back to the latter.
-- :func:`fit`: a few optimiser steps on an :class:`~symspec.analyzers.data.EvalData`
+- :func:`fit`: a few optimiser steps on an :class:`~symspec.data.EvalData`
   split, enough for a tiny model's loss to fall well below chance, so that
   interpolating away from it costs something measurable.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import torch
 
-from .data import EvalData, call_model
+from symspec.data import EvalData, call_model
 
 
 @attrs.frozen

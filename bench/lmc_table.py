@@ -55,7 +55,7 @@ from symspec.analyzers.barrier import (  # noqa: E402
     summarize,
 )
 from symspec.analyzers.plots import plot_results  # noqa: E402
-from symspec.io_util import atomic_write_text  # noqa: E402
+from symspec.outputs import atomic_write_text  # noqa: E402
 from symspec.universe import universe_match  # noqa: E402
 
 # An ablation (both task specs name their residual stream ``resid``): permutations of

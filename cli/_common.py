@@ -134,11 +134,25 @@ def data_inputs(data_arg: str | None) -> list[str]:
     reports the error in its own words."""
     if not data_arg:
         return []
-    from symspec.analyzers.data import parse_source
+    from symspec.data import parse_source
     from symspec.errors import SymspecInputError
 
     try:
         src = parse_source(data_arg)
     except SymspecInputError:
         return []
-    return [src.arg] if src.arg else []
+    return src.paths()
+
+
+def config_warning(a: Any, b: Any, names: tuple[str, str], mixing: str) -> str | None:
+    """The warning line for two loaded models whose configs differ in a field that changes
+    the function (same weight shapes do not make the same model); None when they agree.
+    ``mixing`` names what mixes them: ``"interpolation"``, ``"average"``."""
+    from symspec.loading import config_differences
+
+    diff = config_differences(a, b)
+    if not diff:
+        return None
+    fields = "; ".join(f"{k}: {va!r} vs {vb!r}" for k, (va, vb) in diff.items())
+    return (f"warning: {names[0]} and {names[1]} have different configs ({fields}): same weight shapes, "
+            f"but not the same function; their {mixing} mixes two models")

@@ -12,6 +12,7 @@ import click
 from ._common import (
     EXIT_OK,
     MethodChoice,
+    config_warning,
     data_inputs,
     echo_json,
     handle_errors,
@@ -29,8 +30,9 @@ MAX_POINTS = 1001
 @click.argument("model_a", metavar="A")
 @click.argument("model_b", metavar="B")
 @click.option("--data", "data_arg", metavar="SOURCE",
-              help="text:PATH[,context=N], mnist:DIR[,size=N], digits, or hook (the model file's data()); "
-                   "options: ,split=0.8/0.1/0.1 and more (docs/analyzers.md). Default: the model file's data().")
+              help="text:PATH[,block=N][,tokenizer=DIR], images:DIR, hf:DIR, mnist:DIR[,size=N], digits, or hook "
+                   "(the model file's data()); options: ,split=0.8/0.1/0.1 and more (docs/analyzers.md). Text is "
+                   "tokenised with the model folder's tokenizer when it has one. Default: the model file's data().")
 @click.option("--split", default="val", show_default=True, type=click.Choice(["train", "val", "test"]),
               help="Which split to evaluate on.")
 @click.option("--align", "methods", multiple=True, type=MethodChoice(),
@@ -82,9 +84,9 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
 
     from symspec.alignment import get_method
     from symspec.analyzers.barrier import Measurer
-    from symspec.analyzers.data import hooks_module, load_data
     from symspec.analyzers.report import BarrierReport
-    from symspec.loading import config_differences, load_model
+    from symspec.data import hooks_module, load_data
+    from symspec.loading import load_model
 
     methods = tuple(dict.fromkeys(methods)) or ("none",)
     all_pairs = [(model_a, model_b), *pairs]
@@ -95,35 +97,19 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
     first = loaded[0][0]
     # beside Hugging Face folders, --model lends its data()/loss() hooks
     data = load_data(data_arg, model=first.model, module=hooks_module(first, factory), split=split,
-                     batch_size=batch_size, max_samples=max_samples)
-    notes: list[str] = []
-    for (la, lb), (na, nb) in zip(loaded, all_pairs):
-        diff = config_differences(la, lb)
-        if diff:
-            notes.append(f"warning: {na} and {nb} have different configs ("
-                         + "; ".join(f"{k}: {va!r} vs {vb!r}" for k, (va, vb) in diff.items())
-                         + "): same weight shapes, but not the same function; their interpolation mixes two models")
-            click.echo(notes[-1], err=True)
+                     batch_size=batch_size, max_samples=max_samples, model_dir=first.source)
+    notes = _config_warnings(loaded, all_pairs)
     chosen = [get_method(m) for m in methods]
     spec = resolve_spec(spec_arg, first.model, first.spec_hint()) if any(m.canonical for m in chosen) else None
     align_data = None
     if any(m.needs_data for m in chosen):
         if split == "train":
-            notes.append("warning: evaluating on the train split that data-driven methods align on")
-            click.echo(notes[-1], err=True)
+            notes.append(_warn("warning: evaluating on the train split that data-driven methods align on"))
         align_data = load_data(data_arg, model=first.model, module=hooks_module(first, factory), split="train",
-                               batch_size=batch_size, max_samples=max_samples)
+                               batch_size=batch_size, max_samples=max_samples, model_dir=first.source)
     dtype = {"float32": torch.float32, "float64": torch.float64}[dtype_name] if dtype_name else None
     measurer = Measurer(data, points=points, device=device, dtype=dtype, align_data=align_data)
-
-    total = len(all_pairs) * len(methods) * measurer.batches_per_curve
-    results: dict[str, list[Any]] = {m: [] for m in methods}
-    with _progress(total, quiet=False) as advance:
-        for i, ((la, lb), (na, nb)) in enumerate(zip(loaded, all_pairs)):
-            for j, m in enumerate(methods):
-                advance(0, f"pair {i + 1}/{len(all_pairs)}, {m}")
-                results[m].append(measurer.pair(la.model, lb.model, method=m, spec=spec, pair=i, names=(na, nb),
-                                                progress=lambda n: advance(n, None), check_data=j == 0))
+    results = _measure(measurer, loaded, all_pairs, methods, spec)
     report = BarrierReport.build(data, results, device=device, dtype=str(measurer.evaluated_dtype),
                                  seconds=time.perf_counter() - started, notes=notes)
     if outputs:
@@ -138,6 +124,31 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
     else:
         _print(report, written=[p for p in (plot_path, report_path, markdown_path) if p])
     sys.exit(EXIT_OK)
+
+
+def _warn(line: str) -> str:
+    click.echo(line, err=True)
+    return line
+
+
+def _config_warnings(loaded: list[tuple[Any, Any]], names: list[tuple[str, str]]) -> list[str]:
+    """A warning (shown now, kept for the report) per pair whose configs differ."""
+    warnings = (config_warning(la, lb, pair, "interpolation") for (la, lb), pair in zip(loaded, names))
+    return [_warn(w) for w in warnings if w]
+
+
+def _measure(measurer: Any, loaded: list[tuple[Any, Any]], names: list[tuple[str, str]], methods: tuple[str, ...],
+             spec: Any) -> dict[str, list[Any]]:
+    """Every pair's curve under every method, with a progress bar."""
+    total = len(names) * len(methods) * measurer.batches_per_curve
+    results: dict[str, list[Any]] = {m: [] for m in methods}
+    with _progress(total, quiet=False) as advance:
+        for i, ((la, lb), (na, nb)) in enumerate(zip(loaded, names)):
+            for j, m in enumerate(methods):
+                advance(0, f"pair {i + 1}/{len(names)}, {m}")
+                results[m].append(measurer.pair(la.model, lb.model, method=m, spec=spec, pair=i, names=(na, nb),
+                                                progress=lambda n: advance(n, None), check_data=j == 0))
+    return results
 
 
 class _progress:

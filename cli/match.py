@@ -17,6 +17,7 @@ import click
 from ._common import (
     FiniteFloat,
     MethodChoice,
+    config_warning,
     data_inputs,
     echo_json,
     handle_errors,
@@ -151,10 +152,10 @@ def _align(la: Any, lb: Any, spec: Any, method: str, data_arg: str | None, facto
     if data_arg is not None or m.needs_data:
         if not m.needs_data:
             raise SymspecInputError(f"--data is for data-driven methods; '{m.name}' ({m.label}) reads none")
-        from symspec.analyzers.data import hooks_module, load_data
+        from symspec.data import hooks_module, load_data
 
         progress.phase("loading data")
-        data = load_data(data_arg, model=la.model, module=hooks_module(la, factory), split="train")
+        data = load_data(data_arg, model=la.model, module=hooks_module(la, factory), split="train", model_dir=la.source)
     progress.phase("binding and canonicalising")
     return align(la.model, lb.model, spec, method=m, data=data, progress=progress, keep_canonical_b=False, **kw)
 
@@ -250,16 +251,7 @@ def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, metho
         files: list[str] = []
         data = _summary("match", model_a, model_b, out, files, result, {"groups": result.record.meta["groups"]})
 
-        def fill(folder: Path) -> None:
-            files.extend(write_model(lb, result.aligned_b, folder))
-            result.record.meta.update({"a": model_a, "b": model_b})
-            result.record.save(folder)
-            files.extend(["transform.safetensors", "transform.json", "match.json"])
-            from symspec.io_util import atomic_write_text
-
-            atomic_write_text(folder / "match.json", _json(data) + "\n")
-
-        publish(out, force, fill)
+        publish(out, force, _filler(lb, result.aligned_b, result, "match", data, files, (model_a, model_b)))
     if as_json:
         echo_json(data)
     else:
@@ -307,15 +299,10 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
             bad = [k for k in sa if k not in sb or sa[k].shape != sb[k].shape]
             if bad or set(sb) - set(sa):
                 raise _input_error(f"A and B do not have the same parameters: {', '.join((bad or sorted(set(sb) - set(sa)))[:5])}")
-            from symspec.loading import config_differences
-
             # same shapes do not make the same function (another head count, epsilon, rotary base)
-            diff = config_differences(la, lb)
-            if diff:
-                click.echo("warning: A and B have different configs ("
-                           + "; ".join(f"{k}: {va!r} vs {vb!r}" for k, (va, vb) in diff.items())
-                           + "): same weight shapes, but not the same function; their average mixes two models",
-                           err=True)
+            warning = config_warning(la, lb, ("A", "B"), "average")
+            if warning:
+                click.echo(warning, err=True)
             check_finite(sa, "A")
             check_finite(sb, "B")
             merged = interpolate_state_dicts(sa, sb, alpha)
@@ -330,22 +317,30 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
         extra = {"groups": result.record.meta["groups"]} if result is not None else {"method": "none"}
         data = _summary("merge", model_a, model_b, out, files, result, {"alpha": alpha, "aligned": not no_align, **extra})
 
-        def fill(folder: Path) -> None:
-            files.extend(write_model(la, merged, folder))
-            if result is not None:
-                result.record.meta.update({"a": model_a, "b": model_b})
-                result.record.save(folder)
-                files.extend(["transform.safetensors", "transform.json"])
-            from symspec.io_util import atomic_write_text
-
-            files.append("merge.json")
-            atomic_write_text(folder / "merge.json", _json(data) + "\n")
-
-        publish(out, force, fill)
+        publish(out, force, _filler(la, merged, result, "merge", data, files, (model_a, model_b)))
     if as_json:
         echo_json(data)
     else:
         _print_summary(data)
+
+
+def _filler(loaded: Any, weights: Any, result: Any, summary: str, data: dict[str, Any], files: list[str],
+            names: tuple[str, str]) -> Callable[[Path], None]:
+    """What fills the output folder: the model, the transform record (when aligned) and
+    the summary ``{summary}.json``, each file named in ``files`` (which ``data`` lists)."""
+
+    def fill(folder: Path) -> None:
+        from symspec.outputs import atomic_write_text
+
+        files.extend(write_model(loaded, weights, folder))
+        if result is not None:
+            result.record.meta.update({"a": names[0], "b": names[1]})
+            result.record.save(folder)
+            files.extend(["transform.safetensors", "transform.json"])
+        files.append(f"{summary}.json")
+        atomic_write_text(folder / f"{summary}.json", _json(data) + "\n")
+
+    return fill
 
 
 def _json(data: Any) -> str:

@@ -22,7 +22,7 @@ import attrs
 import pytest
 import torch
 
-from symspec.analyzers.data import write_idx
+from symspec.data import write_idx
 from symspec.loading import load_model
 from symspec.runtime import RAY_CONNECT_TIMEOUT, check_ray_address, ray_endpoint
 from tests.cli_files import ROOT, model_file, run, write_words

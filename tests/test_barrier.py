@@ -26,10 +26,10 @@ from symspec.analyzers.barrier import (
     pair_barrier,
     summarize,
 )
-from symspec.analyzers.data import DataError, EvalData, cross_entropy, load_data
 from symspec.analyzers.interpolate import PathError, lambdas
 from symspec.analyzers.report import REPORT_SCHEMA, BarrierReport
 from symspec.analyzers.testing import fit, planted_pair
+from symspec.data import DataError, EvalData, cross_entropy, load_data
 from symspec.errors import SymspecInputError
 from tests.cli_files import write_words
 from tests.methods import Oracle

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from symspec.analyzers.data import load_data, write_idx
 from symspec.analyzers.report import REPORT_SCHEMA
 from symspec.analyzers.testing import fit, planted_pair
+from symspec.data import load_data, write_idx
 from symspec.loading import load_model
 from tests.cli_files import ROOT, model_file, run, write_words
 
@@ -223,6 +223,6 @@ def test_other_bad_input(files: dict[str, Path]) -> None:
 def test_help_does_not_import_torch_or_matplotlib() -> None:
     code = ("import sys\nfrom click.testing import CliRunner\nfrom symspec.cli.main import cli\n"
             "r = CliRunner().invoke(cli, ['barrier', '--help'])\n"
-            "print(r.exit_code, 'torch' in sys.modules, 'matplotlib' in sys.modules, 'symspec.analyzers.data' in sys.modules)")
+            "print(r.exit_code, 'torch' in sys.modules, 'matplotlib' in sys.modules, 'symspec.data' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["0", "False", "False", "False"]

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from symspec.analyzers.data import (
+from symspec.data import (
     MNIST_MEAN,
     MNIST_STD,
     SPLITS,
@@ -407,7 +407,7 @@ def test_loss_that_is_not_a_scalar_is_refused(tmp_path: Path) -> None:
 
 
 def test_default_accuracy_applies_only_to_class_targets() -> None:
-    from symspec.analyzers.data import _default_accuracy_if_classes as acc
+    from symspec.data import default_accuracy_if_classes as acc
 
     logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 1.0]])
     assert float(acc(logits, torch.tensor([0, 1, 1]))) == pytest.approx(2 / 3)

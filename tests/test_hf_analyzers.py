@@ -22,8 +22,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from symspec.analyzers.data import EvalData, call_model, load_data
 from symspec.analyzers.report import REPORT_SCHEMA, BarrierReport
+from symspec.data import EvalData, call_model, load_data
 from symspec.loading import config_differences, import_file, load_model
 from symspec.testing import randomize_
 from tests.cli_files import run, write_words

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import symspec
-from symspec.analyzers.data import call_model, logits_of
+from symspec.data import call_model, logits_of
 from symspec.spec.builtin import builtin_names
 from symspec.transforms import apply_elements, canonicalize_state_dict
 from tests.zoo import ZOO

@@ -10,7 +10,6 @@ import jsonschema
 import pytest
 import torch
 
-from symspec.analyzers.data import EvalData, argmax_accuracy, cross_entropy
 from symspec.analyzers.interpolate import PathEvaluator
 from symspec.analyzers.simplex import (
     ANALYSIS_SCHEMA,
@@ -26,6 +25,7 @@ from symspec.analyzers.simplex import (
 )
 from symspec.analyzers.testing import fit
 from symspec.binding import bind
+from symspec.data import EvalData, argmax_accuracy, cross_entropy
 from symspec.errors import SymspecInputError
 from symspec.spec import load_spec
 from symspec.transforms import apply_elements, canonicalize_model, sample_elements

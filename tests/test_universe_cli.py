@@ -13,11 +13,11 @@ import jsonschema
 import pytest
 import torch
 
-from symspec.analyzers.data import load_data
 from symspec.analyzers.interpolate import PathEvaluator
 from symspec.analyzers.simplex import ANALYSIS_SCHEMA
 from symspec.analyzers.testing import fit
 from symspec.binding import bind
+from symspec.data import load_data
 from symspec.loading import load_model
 from symspec.record import TransformRecord
 from symspec.spec import load_spec

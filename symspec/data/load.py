@@ -1,0 +1,134 @@
+"""Loading one split of a data source for a model, and checking that the model takes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from symspec.data.base import (
+    SOURCES,
+    AccuracyFn,
+    DataError,
+    DataRequest,
+    DataSource,
+    EvalData,
+    LossFn,
+    batch_len,
+    check_split,
+    move,
+    parse_source,
+    slice_inputs,
+)
+from symspec.data.losses import call_model, default_accuracy_if_classes, logits_of
+
+
+def load_data(source: str | DataSource | None, *, model: torch.nn.Module | None = None, module: Any = None,
+              split: str = "val", batch_size: int = 64, max_samples: int | None = None,
+              loss: LossFn | None = None, accuracy: AccuracyFn | None = None, seed: int = 0,
+              model_dir: str | Path | None = None) -> EvalData:
+    """Load one split of a data source for ``model``, checking that it fits.
+
+    ``module``: the model file's Python module (``LoadedModel.model_file.module``), for
+    its ``data``/``loss``/``accuracy`` hooks. ``source=None`` means the hook.
+    ``loss``/``accuracy`` override everything; else the model file's ``loss`` and
+    ``accuracy`` are used when defined, else the adapter's (cross-entropy, argmax).
+    ``model_dir``: the model's folder (``LoadedModel.source`` of a Hugging Face folder),
+    where its tokenizer and ``preprocessor_config.json`` are looked for; a path that is
+    not a folder is ignored, and without one a Hugging Face model's ``name_or_path`` is
+    used when it is a folder.
+    """
+    check_split(split)
+    if batch_size < 1:
+        raise DataError(f"batch size must be at least 1, got {batch_size}")
+    if max_samples is not None and max_samples < 1:
+        raise DataError(f"max samples must be at least 1, got {max_samples}")
+    if source is None:
+        if module is None or not callable(getattr(module, "data", None)):
+            raise DataError("no data: pass --data (text:PATH, mnist:DIR, digits, images:DIR, hf:DIR) "
+                            "or define data(split, ...) in the model file")
+        src = DataSource("hook", None, {}, "hook")
+    else:
+        src = source if isinstance(source, DataSource) else parse_source(source)
+    request = DataRequest(src, split, batch_size, max_samples, model, module, _model_folder(model, model_dir), seed)
+    data = SOURCES[src.kind].loader(request)
+    hook_loss = getattr(module, "loss", None) if module is not None else None
+    hook_acc = getattr(module, "accuracy", None) if module is not None else None
+    data.loss = loss or (hook_loss if callable(hook_loss) else data.loss)
+    if accuracy is not None:
+        data.accuracy = accuracy
+    elif callable(hook_acc):
+        data.accuracy = hook_acc
+    elif data.accuracy is None:
+        data.accuracy = default_accuracy_if_classes
+    data.details.setdefault("loss", getattr(data.loss, "__name__", type(data.loss).__name__))
+    return data
+
+
+def _model_folder(model: torch.nn.Module | None, model_dir: str | Path | None) -> Path | None:
+    if model_dir is None:
+        model_dir = getattr(model, "name_or_path", None) or None
+    if model_dir is None:
+        return None
+    p = Path(model_dir)
+    return p if p.is_dir() else None
+
+
+def check_fits(model: torch.nn.Module, data: EvalData, label: str = "the model") -> None:
+    """Run ``model`` on a few examples of ``data`` and raise :class:`DataError`, naming
+    the likely cause (vocabulary, image size, classes), if it cannot take them."""
+    inputs, targets = data.batches[0]
+    n = min(2, batch_len(targets))
+    x, y = slice_inputs(inputs, n), targets[:n]
+    param = next(iter(model.parameters()), None)
+    if param is not None:
+        x, y = move(x, param.device, param.dtype), y.to(param.device)
+    try:
+        with torch.no_grad():
+            out = call_model(model, x)
+    except (Exception, SystemExit) as e:
+        msg = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        raise DataError(f"{data.name} does not fit {label}: it fails on the first batch with "
+                        f"{type(e).__name__}: {msg}{_likely_cause(data)}") from e
+    if data.kind in ("text", "images"):
+        _check_outputs(logits_of(out), y, data, label)
+    try:
+        value = data.loss(out, y)
+    except (Exception, SystemExit) as e:
+        raise DataError(f"the loss fails on {data.name} with {label}'s outputs: {type(e).__name__}: {e}") from e
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        raise DataError(f"loss(output, targets) must return a scalar tensor, got {type(value).__name__}"
+                        + (f" of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else ""))
+
+
+def _likely_cause(data: EvalData) -> str:
+    d = data.details
+    if data.kind == "text" and "tokenizer" in d:
+        return (f" (the data has token ids up to {d.get('max_id')} and blocks of {d.get('context')}: does the model's "
+                "vocabulary or context fit?)")
+    if data.kind == "text":
+        return f" (the data has {d.get('vocab')} characters and context {d.get('context')}: does the model's vocabulary or context fit?)"
+    if data.kind == "images":
+        size = d.get("image_size") or ["?", "?"]
+        return f" (the images are {d.get('channels')}x{size[0]}x{size[1]}: does the model take that size? resize with ,size=N)"
+    return ""
+
+
+def _check_outputs(logits: torch.Tensor, y: torch.Tensor, data: EvalData, label: str) -> None:
+    d = data.details
+    if logits.shape[:-1] != y.shape:
+        raise DataError(f"{data.name} does not fit {label}: outputs of shape {list(logits.shape)} for targets {list(y.shape)}")
+    width = logits.shape[-1]
+    if data.kind == "text" and "tokenizer" in d:
+        if width <= int(d.get("max_id", -1)):
+            raise DataError(f"{data.name} does not fit {label}: the model predicts {width} classes but the "
+                            f"tokenizer's ids go up to {d.get('max_id')}")
+        return
+    classes = int(d.get("vocab") or d.get("classes") or 0)
+    if data.kind == "text" and width != classes:
+        raise DataError(f"{data.name} does not fit {label}: the model predicts {width} classes but the "
+                        f"text's alphabet has {classes} characters")
+    if width < classes:
+        raise DataError(f"{data.name} does not fit {label}: the model predicts {width} classes but the "
+                        f"labels go up to {classes - 1}")

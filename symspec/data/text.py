@@ -1,0 +1,140 @@
+"""Text for language models: ``text:PATH``, character-level or tokenised.
+
+With a tokenizer (``tokenizer=PATH``, else the model folder's own) the text is cut into
+splits by characters, each split is tokenised, and cut into blocks of ``block`` tokens
+(default: the model's context, at most 1024). Without one, every character is a token
+of the alphabet (the sorted characters of the file, or of ``alphabet=PATH``). Either
+way an example is a window of ``block`` inputs whose targets are the next tokens
+(inputs = ids[i:i+block], targets = ids[i+1:i+block+1]); consecutive windows follow one
+another, so a split of n tokens gives (n - 1) // block examples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from symspec.data.base import (
+    DataError,
+    DataRequest,
+    EvalData,
+    config_int,
+    int_option,
+    make_batches,
+    parse_fractions,
+    read_text,
+    register_source,
+    split_bounds,
+)
+from symspec.data.losses import argmax_accuracy, cross_entropy
+from symspec.data.tokenizer import TextTokenizer, find_tokenizer
+
+#: the longest default block of tokenised text (a model's context may be far longer)
+MAX_DEFAULT_BLOCK = 1024
+TEXT_OPTIONS = ("context", "block", "split", "alphabet", "tokenizer")
+_CONTEXT_NAMES = ("block_size", "n_positions", "max_position_embeddings")
+
+
+def text_data(req: DataRequest) -> EvalData:
+    """``text:PATH``: one split of a text file, cut by characters."""
+    path = Path(req.source.arg or "")
+    text = read_text(path)
+    if not text:
+        raise DataError(f"{path}: the file is empty")
+    fractions = parse_fractions(req.source)
+    start, stop = split_bounds(len(text), fractions, req.split)
+    return sequence_data(req, f"text:{path}", path, text[start:stop], lambda: text,
+                         {"characters": stop - start, "fractions": list(fractions)})
+
+
+def sequence_data(req: DataRequest, name: str, where: Path | str, part: str, whole: Callable[[], str],
+                  details: dict[str, Any]) -> EvalData:
+    """Next-token windows of ``part`` (one split's text): tokenised when a tokenizer is
+    given or found, else character-level with the alphabet of ``whole()`` (every split's
+    text) or ``alphabet=``. ``where`` names the data in messages."""
+    tok = find_tokenizer(req.source, req.model_dir)
+    if tok is None:
+        ids, facts = _character_ids(req, where, part, whole)
+    else:
+        ids, facts = _token_ids(req, where, part, tok)
+    length = facts["context"]
+    unit = "tokens" if tok is not None else "characters"
+    windows = (len(ids) - 1) // length if len(ids) > 1 else 0
+    if windows == 0:
+        raise DataError(f"{where}: the {req.split} split holds {len(ids)} {unit}, fewer than one window of "
+                        f"{length} + 1; use a larger file, a smaller context (block=N) or other split fractions")
+    if req.max_samples is not None:
+        windows = min(windows, req.max_samples)
+    body = ids[: windows * length + 1]
+    x = body[:-1].view(windows, length)
+    y = body[1:].view(windows, length)
+    return EvalData(name, "text", req.split, make_batches(x, y, req.batch_size), cross_entropy, argmax_accuracy,
+                    {**facts, **details})
+
+
+def _block_option(req: DataRequest, default: int | None) -> int | None:
+    src = req.source
+    if "block" in src.options and "context" in src.options:
+        raise DataError(f"--data {src}: block= and context= are the same option; give one")
+    key = "block" if "block" in src.options else "context"
+    return int_option(src, key, default)
+
+
+def _context(req: DataRequest, default_cap: int | None) -> int:
+    """The window length: ``block=``/``context=``, else the model's context (capped at
+    ``default_cap``), never longer than the model's positions."""
+    model_ctx = config_int(req.model, *_CONTEXT_NAMES)
+    default = model_ctx if model_ctx is None or default_cap is None else min(model_ctx, default_cap)
+    context = _block_option(req, default)
+    if context is None:
+        raise DataError(f"--data {req.source}: the model's context length is unknown (no config.block_size, "
+                        "n_positions or max_position_embeddings); give block=N")
+    if model_ctx is not None and context > model_ctx:
+        raise DataError(f"--data {req.source}: context {context} is longer than the model's {model_ctx} positions")
+    return context
+
+
+def _character_ids(req: DataRequest, where: Path | str, part: str,
+                   whole: Callable[[], str]) -> tuple[torch.Tensor, dict[str, Any]]:
+    alphabet_path = req.source.options.get("alphabet")
+    alphabet_text = read_text(Path(alphabet_path), "alphabet file") if alphabet_path else whole()
+    chars = sorted(set(alphabet_text))
+    index = {c: i for i, c in enumerate(chars)}
+    missing = sorted(set(whole()) - set(index)) if alphabet_path else []
+    if missing:
+        raise DataError(f"{where}: {len(missing)} character(s) not in the alphabet of {alphabet_path}: "
+                        + ", ".join(repr(c) for c in missing[:8]))
+    vocab = len(chars)
+    model_vocab = config_int(req.model, "vocab_size")
+    if model_vocab is not None and model_vocab != vocab:
+        folder = f" (none in {req.model_dir})" if req.model_dir is not None else ""
+        raise DataError(f"{where}: its alphabet has {vocab} characters but the model's vocabulary has {model_vocab}; "
+                        "a character model must be evaluated with the alphabet it was trained on "
+                        "(use the same text, or text:PATH,alphabet=TRAINING_TEXT), a token model with its "
+                        f"tokenizer (text:PATH,tokenizer=DIR{folder})")
+    ids = torch.tensor([index[c] for c in part], dtype=torch.long)
+    return ids, {"vocab": vocab, "context": _context(req, None)}
+
+
+def _token_ids(req: DataRequest, where: Path | str, part: str,
+               tok: TextTokenizer) -> tuple[torch.Tensor, dict[str, Any]]:
+    if "alphabet" in req.source.options:
+        raise DataError(f"--data {req.source}: alphabet= is for character text, but the text is tokenised with "
+                        f"{tok.source}")
+    context = _context(req, MAX_DEFAULT_BLOCK)
+    ids = tok.encode(part)
+    model_vocab = config_int(req.model, "vocab_size")
+    top = int(ids.max()) if len(ids) else -1
+    if model_vocab is not None and top >= model_vocab:
+        raise DataError(f"{where}: the tokenizer {tok.source} gives ids up to {top} but the model's vocabulary has "
+                        f"{model_vocab} (ids 0-{model_vocab - 1}); use the model's own tokenizer")
+    facts = {"vocab": model_vocab if model_vocab is not None else tok.vocab_size, "context": context,
+             "tokenizer": str(tok.source), "tokenizer_vocab": tok.vocab_size, "tokens": len(ids), "max_id": top}
+    return ids, facts
+
+
+register_source("text", text_data, options=TEXT_OPTIONS,
+                detect=lambda p: p.suffix == ".txt" and not p.is_dir() and "idx" not in p.name)
