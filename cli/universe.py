@@ -47,8 +47,8 @@ MAX_SIMPLEX_POINTS = 100_000
               help="Groups to search: full (default), perm (permutations only), or per declared space.")
 @click.option("--method", default="weight", show_default=True, type=MethodChoice(),
               help="The alignment method that aligns each model onto the universe in every round: any registered "
-                   "data-free one (`symspec methods` lists them). A method registered at run time reaches worker "
-                   "processes through an entry point or --setup.")
+                   "one (`symspec methods` lists them; a data-driven one aligns on the train split of --data). A "
+                   "method registered at run time reaches worker processes through an entry point or --setup.")
 @click.option("--rounds", default=10, show_default=True, type=click.IntRange(1, 10000),
               help="At most this many rounds (align every model, then average).")
 @click.option("--tol", default=1e-4, show_default=True, type=FiniteFloat(min=0.0),
@@ -66,7 +66,8 @@ MAX_SIMPLEX_POINTS = 100_000
               help="Torch threads per alignment (the same in every executor, so results are identical).")
 @click.option("--data", "data_arg", metavar="SOURCE",
               help="Evaluate the merged model against the endpoints and plain averaging on this data "
-                   "(text:PATH, mnist:DIR, digits, hook; see docs/analyzers.md); for 3 models also the "
+                   "(and, for a data-driven --method, align on its train split) "
+                   "(text:PATH, images:DIR, hf:DIR, mnist:DIR, digits, hook; see docs/analyzers.md); for 3 models also the "
                    "loss over the simplex (simplex.png).")
 @click.option("--split", default="val", show_default=True, type=click.Choice(["train", "val", "test"]),
               help="Which split --data evaluates.")
@@ -107,7 +108,7 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
     from symspec.universe import build_report, save_outputs, universe_match, universe_method
 
     started = time.perf_counter()
-    universe_method(method)  # before any work: a method universe matching cannot run
+    m = universe_method(method, data_arg)  # before any work: a method universe matching cannot run
     paths, factory, start = _check_inputs(models, out, spec_arg, factory, data_arg, start_arg, ray_address, simplex,
                                           resolution, overwrite)
     out_dir = Path(out)
@@ -117,10 +118,11 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
     with FolderLock(partial, remove_if_empty=True):
         spec = spec_arg if spec_arg is not None else _default_spec(paths, start, factory)
         with _Progress(stderr_console(), quiet=as_json) as bar:
+            align_data = _align_data(paths, start, factory, data_arg, batch_size, max_samples) if m.needs_data else None
             result = universe_match(paths, spec, rounds=rounds, tol=tol, groups=groups, method=method, jobs=jobs,
                                     ray=ray_address, device=device, start=start, factory=factory, workdir=partial,
                                     resume=resume, progress=bar.event, threads=threads, worker_setup=worker_setup,
-                                    load_aligned=False, keep_workdir=True)
+                                    load_aligned=False, keep_workdir=True, data=align_data)
             analysis = None
             if data_arg is not None:
                 analysis = _analyze(result, paths, factory, data_arg, split, batch_size, max_samples, device, simplex,
@@ -189,10 +191,23 @@ def _default_spec(paths: list[str], start: int | str, factory: str | None) -> An
     return resolve_spec(None, first.model, first.spec_hint())
 
 
+def _align_data(paths: list[str], start: int | str, factory: str | None, data_arg: str | None, batch_size: int,
+                max_samples: int | None) -> Any:
+    """The train split of --data, for a data-driven method's rounds."""
+    from symspec.data import check_fits, hooks_module, load_data
+    from symspec.loading import load_model
+
+    ref = load_model(paths[start] if isinstance(start, int) else paths[0], factory=factory)
+    data = load_data(data_arg, model=ref.model, module=hooks_module(ref, factory), split="train",
+                     batch_size=batch_size, max_samples=max_samples, model_dir=ref.source)
+    check_fits(ref.model, data, ref.name)
+    return data
+
+
 def _analyze(result: Any, paths: list[str], factory: str | None, data_arg: str, split: str, batch_size: int,
              max_samples: int | None, device: str, simplex: bool | None, resolution: int | None, bar: Any) -> Any:
-    from symspec.analyzers.data import check_fits, hooks_module, load_data
     from symspec.analyzers.simplex import analyze_merge, evaluations
+    from symspec.data import check_fits, hooks_module, load_data
     from symspec.loading import load_model
     from symspec.universe import UniverseError
 
@@ -201,7 +216,7 @@ def _analyze(result: Any, paths: list[str], factory: str | None, data_arg: str, 
         raise UniverseError("--data needs the models as modules (model files, Hugging Face folders or checkpoints with --model)")
     # beside Hugging Face folders, --model lends its data()/loss() hooks
     data = load_data(data_arg, model=ref.model, module=hooks_module(ref, factory), split=split, batch_size=batch_size,
-                     max_samples=max_samples)
+                     max_samples=max_samples, model_dir=ref.source)
     check_fits(ref.model, data, ref.name)
     n = len(paths)
     bar.start_task("evaluating", evaluations(n, data, simplex=simplex, resolution=resolution))

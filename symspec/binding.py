@@ -24,6 +24,7 @@ from .problem import AxisBinding, Factor, HeadMajor, ParamBinding, Problem, Segm
 from .spec.exprs import DimContext, ExprError, evaluate_dims, parse_expr
 from .spec.model import AxisExpr, Chain, ParamDecl, SpaceDecl, Spec
 from .spec.templates import example_name, fill, matches, template_regex
+from .statedict import storage_key
 
 __all__ = ["MAX_HINTS", "MAX_UNMATCHED_SHOWN", "BoundSpec", "CanonOp", "bind", "fill", "named_tensors", "template_regex"]
 
@@ -53,15 +54,11 @@ def named_tensors(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> tuple[
     else:
         sd = dict(model)
     tensors = {k: v for k, v in sd.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
-    groups: dict[tuple[Any, ...], list[str]] = defaultdict(list)
+    groups: dict[tuple[object, ...], list[str]] = defaultdict(list)
     for k, v in tensors.items():
         if v.numel() == 0:
             continue
-        try:
-            key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()), v.device)
-        except (RuntimeError, NotImplementedError):  # meta / fake tensors
-            key = (id(v),)
-        groups[key].append(k)
+        groups[storage_key(v)].append(k)
     ties = [tuple(g) for g in groups.values() if len(g) > 1]
     return tensors, ties
 
@@ -71,7 +68,8 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
     """Bind ``spec`` to a model (or a state dict plus its ``config``).
 
     With ``trace=True`` and example inputs, the model is traced into a graph
-    (:func:`symspec.graph.trace`) whose nodes carry the activation sites of each space.
+    (:func:`symspec.graph.trace`) and the activation sites of each space are recorded on
+    the problem (:attr:`~symspec.problem.Problem.sites`).
     """
     b = _Binding(spec, _Model.of(model, config))
     dims = b.dimensions()
@@ -92,6 +90,7 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
         from .graph import trace as trace_model
 
         bound.graph = trace_model(b.model.module, example_inputs, bound.problem)
+        bound.problem = attrs.evolve(problem, sites=bound.graph.all_sites())
     return bound
 
 

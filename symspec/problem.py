@@ -195,14 +195,54 @@ class Incidence:
 
 
 @attrs.frozen
+class Site:
+    """An activation site: features (the last axis of a traced node's output) on which
+    the spaces act as on one axis of a bound weight, the representation included.
+
+    ``name`` is stable across traces (``out:W``, the output of the layer with weight W;
+    ``in:W``, what it reads; ``post:W:k``, the k-th elementwise function of W's output);
+    ``node`` is the FX node it was found at; ``kind`` is ``pre`` (a layer's output) or
+    ``post`` (after a nonlinearity: what the next layer reads). ``axis`` says how the
+    spaces act on the features, with ``axis.axis == 0``: a feature transforms as the
+    producing weight's output axis (queries co, keys contra through the dual), or as the
+    dual of the reading weight's input axis (a layer that reads ``resid*`` reads features
+    that move by ``resid``)."""
+
+    name: str
+    node: str
+    kind: str
+    param: str
+    axis: AxisBinding
+    module: str = ""
+
+    @property
+    def size(self) -> int:
+        """The number of features."""
+        return sum(s.size for s in self.axis.segments)
+
+    def spaces(self) -> set[str]:
+        return {f.space for s in self.axis.segments for f in s.factors}
+
+    def binding(self, tokens: int) -> ParamBinding:
+        """The site as a bound (features x tokens) tensor: what the weights' solvers and
+        transforms read."""
+        return ParamBinding(f"site:{self.name}", (self.size, tokens), (self.axis,))
+
+
+@attrs.frozen
 class Problem:
-    """Spaces, their groups, and the parameter axes incident to each."""
+    """Spaces, their groups, the parameter axes incident to each, and (when the model was
+    traced) the activation sites where data shows each space."""
 
     spaces: dict[str, SpaceInstance]
     params: dict[str, ParamBinding]
     invariants: tuple[str, ...] = ()
     #: groups of parameter names that share one tensor (after canonicalisation)
     ties: tuple[tuple[str, ...], ...] = ()
+    sites: tuple[Site, ...] = ()
+
+    def sites_of(self, space: str) -> list[Site]:
+        return [s for s in self.sites if space in s.spaces()]
 
     def incidences(self, space: str) -> Iterator[Incidence]:
         for p in self.params.values():

@@ -45,7 +45,7 @@ def test_every_family_traces_with_activation_sites_for_its_mlp_units(name: str) 
             assert "pre" in kinds or decl == "up", (inst, sites)  # up[i] is read through gate * up
             assert len({s.node for s in sites}) == len(sites)
             layer = inst.split("[")[1].rstrip("]")
-            assert all(g.graph.has_node(s.node) for s in sites)
+            assert all(g.has_node(s.node) for s in sites)
             assert any(f".{layer}." in s.module for s in sites), sites  # the layer's own modules
 
 

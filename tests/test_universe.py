@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 import symspec
 from symspec.alignment import registered
-from symspec.analyzers.data import EvalData, cross_entropy
 from symspec.binding import bind
+from symspec.data import EvalData, cross_entropy
 from symspec.errors import SymspecInputError
 from symspec.match import weight_match
 from symspec.spec import load_spec
@@ -297,8 +297,13 @@ def test_every_round_aligns_with_the_method_asked_for() -> None:
 def test_methods_universe_matching_cannot_run_are_refused() -> None:
     models = random_models(2)
     needs_data = attrs.evolve(Identity(), name="needs-data", needs_data=True)
-    with registered(needs_data), pytest.raises(UniverseError, match="cannot align with 'needs-data' yet: it needs data"):
+    with registered(needs_data), pytest.raises(UniverseError, match="the method 'needs-data' needs data"):
         universe_match(models, SPEC, method="needs-data")
+    # a method that runs the models cannot run on bare state dicts
+    needs_module = attrs.evolve(Identity(), name="needs-module", needs_module=True)
+    states = [m.state_dict() for m in models]
+    with registered(needs_module), pytest.raises(UniverseError, match="runs the models: pass modules"):
+        universe_match(states, SPEC, method="needs-module", config=models[0].config)
     with pytest.raises(UniverseError, match="universe matching itself"):
         universe_match(models, SPEC, method="universe")
     with pytest.raises(SymspecInputError, match="unknown alignment method 'wieght'"):

@@ -217,17 +217,10 @@ def _transform_b(pair: _Pair, found: Alignment, elements: Mapping[str, Element])
 
 def _record(bound: BoundSpec, method: Method, elements: Mapping[str, Element], searched: Mapping[str, str],
             found: Alignment, modes: Mapping[str, str], work_dtype: torch.dtype) -> TransformRecord:
-    problem = bound.problem
-    return TransformRecord(
-        spec=bound.spec.name,
-        groups={s: str(si.group) for s, si in problem.spaces.items()},
-        elements={s: element_to_cpu(e) for s, e in elements.items()},
-        canonical=[{"kind": op.kind, "args": dict(op.args)} for op in bound.canonical] if method.canonical else [],
-        searched=dict(searched),
-        meta={"method": method.name, "objective": found.history, "rounds": max(len(found.history) - 1, 0),
-              "converged": found.converged, "groups": mode_text(modes),
-              "dtype": str(work_dtype).removeprefix("torch."), **found.info},
-    )
+    meta = {"method": method.name, "objective": found.history, "rounds": max(len(found.history) - 1, 0),
+            "converged": found.converged, "groups": mode_text(modes),
+            "dtype": str(work_dtype).removeprefix("torch."), **found.info}
+    return TransformRecord.of(bound, elements, canonical=method.canonical, searched=searched, meta=meta)
 
 
 def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str | Path, *,

@@ -4,9 +4,11 @@
 - ``weight``: weight matching, coordinate descent on ``sum_P ||A_P - g.B_P||^2`` over the
   spec's full groups (:func:`symspec.solvers.match_weights`);
 - ``weight-perm``: the same restricted to permutations (the paper's ablation);
-- ``universe``: universe matching of the pair (:mod:`symspec.universe.method`).
+- ``universe``: universe matching of the pair (:mod:`symspec.universe.method`);
+- ``activation``, ``weight+activation``, ``weight-tokens``: the data-driven methods
+  (:mod:`.activation`).
 
-Activation and learned matching register here the same way.
+Learned matching registers here the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ..universe.method import UniverseMatching
+from .activation import ActivationMatching, TokenWeightedMatching
 from .method import Alignment, AlignOptions, Endpoint
 from .registry import register_method
 
@@ -66,3 +69,7 @@ WEIGHT = register_method(WeightMatching())
 WEIGHT_PERM = register_method(WeightMatching(name="weight-perm", label="weight matching, permutations only",
                                              groups="perm"))
 UNIVERSE = register_method(UniverseMatching())
+ACTIVATION = register_method(ActivationMatching())
+WEIGHT_ACTIVATION = register_method(ActivationMatching(name="weight+activation", label="weight + activation matching",
+                                                       combine=True))
+WEIGHT_TOKENS = register_method(TokenWeightedMatching())

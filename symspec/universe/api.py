@@ -21,6 +21,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from ..errors import SymspecInputError
@@ -64,21 +65,58 @@ def _check_arguments(n: int, rounds: int, jobs: int | None) -> None:
         raise UniverseError(f"universe matching needs at least 2 models, got {n}")
 
 
-def universe_method(name: str) -> Any:
-    """The registered alignment method every round runs, checked: universe matching aligns
-    canonical weights, so methods that need data or the models' modules are refused (for
-    now), and so is universe matching itself."""
+def universe_method(name: str, data: Any = None) -> Any:
+    """The registered alignment method every round runs, checked: not universe matching
+    itself, and with data when it needs some."""
     from ..alignment import get_method
     from .method import UniverseMatching
 
     m = get_method(name)
     if isinstance(m, UniverseMatching):
         raise UniverseError(f"universe matching cannot align with '{m.name}' (universe matching itself)")
-    if m.needs_data or m.needs_module:
-        need = "data" if m.needs_data else "the models' modules"
-        raise UniverseError(f"universe matching cannot align with '{m.name}' yet: it needs {need}; "
-                            "use a data-free method such as 'weight'")
+    if m.needs_data and data is None:
+        raise UniverseError(f"the method '{m.name}' needs data (pass data=, or --data on the command line)")
     return m
+
+
+#: the batches of the data a data-driven method reads in every alignment
+ALIGN_BATCHES = 32
+
+
+def _align_inputs(m: Any, ref: Reference, source: Source, data: Any) -> dict[str, Any]:
+    """What a method needs in every task (pickled once per run): the reference's module
+    (or the file each worker loads it from) and the data."""
+    out: dict[str, Any] = {}
+    if m.needs_module:
+        if ref.canonical_model is None:
+            raise UniverseError(f"the method '{m.name}' runs the models: pass modules, model files or folders "
+                                "(not state dicts)")
+        out = {"module_source": source.path} if source.path is not None else {"module": ref.canonical_model}
+    if not m.needs_data:
+        return out
+    import types
+
+    batches = list(getattr(data, "batches", None) or [])[:ALIGN_BATCHES]
+    if not batches:
+        raise UniverseError("the data has no batches to align on")
+    return out | {"data": types.SimpleNamespace(batches=batches)}
+
+
+def _data_digest(data: Any) -> str | None:
+    """A digest of the batches (a resumed run must align on the same data)."""
+    if data is None:
+        return None
+    import hashlib
+
+    h = hashlib.sha256()
+    for x, _ in data.batches:
+        for leaf in torch.utils._pytree.tree_leaves(x):
+            if isinstance(leaf, torch.Tensor):
+                h.update(str((tuple(leaf.shape), leaf.dtype)).encode())
+                h.update(leaf.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            else:
+                h.update(repr(leaf).encode())
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- models, spec
@@ -91,7 +129,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
                    workdir: str | Path | None = None, resume: bool = True, progress: Progress | None = None,
                    match_rounds: int = 10, match_tol: float = 1e-6, max_iter: int = 10, threads: int = 1,
                    worker_setup: str | None = None, load_aligned: bool = True, keep_workdir: bool | None = None,
-                   ray_retries: int = 0) -> UniverseResult:
+                   ray_retries: int = 0, data: Any = None) -> UniverseResult:
     """Universe matching of ``models`` under ``spec``.
 
     ``models``: paths (model files, Hugging Face folders, checkpoints with ``factory``),
@@ -101,7 +139,9 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
     :func:`symspec.align` (``"perm"``, ``"full"``, ``"perm,attn=full"``; default: the
     method's own, ``"full"`` for most). ``method``: the
     registered alignment method that aligns each model onto the universe in every round
-    (:func:`symspec.alignment.method_names`; data-free ones). ``rounds``/``tol``: at most
+    (:func:`symspec.alignment.method_names`); a data-driven one reads the first
+    :data:`ALIGN_BATCHES` batches of ``data`` (an object with ``batches``, the train
+    split) and runs the reference's module with the universe's and each model's weights. ``rounds``/``tol``: at most
     ``rounds`` rounds, fewer once a round improves the objective by less than ``tol``
     (relative). ``start``: the model the universe starts from (index or name); it is
     also the reference whose class and format the merged model keeps. ``jobs``: worker
@@ -119,7 +159,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
     t0 = time.perf_counter()
     say = progress or quiet
     _check_arguments(len(models), rounds, jobs)
-    m = universe_method(method)
+    m = universe_method(method, data)
     sources = model_sources(models)
     names = [s.name for s in sources]
     start = start_index(start, names)
@@ -130,6 +170,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
                     reference=ref.name, dtype=str(ref.dtype).removeprefix("torch."), spec=ref.bound.spec,
                     factory=str(factory) if factory else None, device=str(device), method=m.name,
                     match_rounds=match_rounds, match_tol=match_tol, max_iter=max_iter, threads=threads)
+    cfg = attrs.evolve(cfg, **_align_inputs(m, ref, sources[start], data))
     timings = {"reference": time.perf_counter() - tick}
     folder = WorkFolder.open(workdir, _fingerprint(cfg, ref, sources, start), names, resume=resume,
                              keep=keep_workdir, say=say)
@@ -170,7 +211,7 @@ def _fingerprint(cfg: RunConfig, ref: Reference, sources: Sequence[Source], star
     return {
         "version": STATE_VERSION, "symspec": __version__, "spec": dump_spec(ref.bound.spec),
         "groups": mode_text(ref.modes), "start": start, "dtype": cfg.dtype, "device": cfg.device, "method": cfg.method,
-        "match": [cfg.match_rounds, cfg.match_tol, cfg.max_iter, cfg.threads],
+        "match": [cfg.match_rounds, cfg.match_tol, cfg.max_iter, cfg.threads], "data": _data_digest(cfg.data),
         "factory": fingerprint_path(Path(cfg.factory)) if cfg.factory else None,
         "models": [fingerprint(s) for s in sources],
     }
@@ -263,16 +304,14 @@ def _records(run: Run, ref: Reference, cfg: RunConfig, log: RoundLog) -> list[Tr
 
     bound, last = ref.bound, len(log.rounds)
     searched = restrict_problem(bound.problem, ref.modes)
-    canonical_ops = [{"kind": op.kind, "args": dict(op.args)} for op in bound.canonical]
     searched_text = {s: str(searched.spaces[s].group) for s in bound.problem.spaces
                      if searched.spaces[s].group != bound.problem.spaces[s].group}
     records = []
     for i, name in enumerate(run.names):
         _, full = load_elements(run.folder.elements(last, run.keys[i]))
         info = log.rounds[-1]["models"][i]
-        records.append(TransformRecord(
-            spec=bound.spec.name, groups={s: str(si.group) for s, si in bound.problem.spaces.items()},
-            elements=full, canonical=canonical_ops, searched=searched_text,
+        records.append(TransformRecord.of(
+            bound, full, searched=searched_text,
             meta={"method": "universe", "model": name, "index": i, "round": last, "distance_before": info["before"],
                   "distance_after": info["after"], "objective": log.history, "groups": mode_text(ref.modes),
                   "dtype": cfg.dtype, "alignment": cfg.method},

@@ -15,6 +15,7 @@ last: a task whose marker exists is complete.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import time
@@ -42,7 +43,11 @@ class RunConfig:
     restriction per space; ``spec``: what a prepare task binds a loaded model to (None
     when the run starts from canonical state dicts); ``method``: the registered
     alignment method each align task runs; ``match_rounds``/``match_tol``/``max_iter``:
-    its rounds, tolerance and Gauss-Newton steps; ``threads``: torch threads per task."""
+    its rounds, tolerance and Gauss-Newton steps; ``threads``: torch threads per task.
+    ``module``: the reference in canonical form, for methods that run the models (each
+    round runs it with the universe's and with each model's weights), or
+    ``module_source``, where each worker loads it from; ``data``: the batches a
+    data-driven method aligns on."""
 
     problem: Any  # symspec.problem.Problem
     modes: dict[str, str]  # space -> "full" | "perm" | "fixed"
@@ -57,6 +62,9 @@ class RunConfig:
     match_tol: float = 1e-6
     max_iter: int = 10
     threads: int = 1
+    module: Any = None  # torch.nn.Module (a reference given in memory)
+    module_source: str | None = None  # else the reference's file or folder, loaded once per worker
+    data: Any = None  # an object with ``batches``
 
 
 @attrs.frozen
@@ -181,6 +189,24 @@ def alignment_method(name: str) -> Any:
                                 "or run in one process (jobs=1)") from None
 
 
+@functools.lru_cache(maxsize=1)
+def _reference_module(source: str, factory: str | None, spec: Any) -> Any:
+    """The reference model in canonical form (its weights do not matter: methods run it
+    with the states they are given), loaded once per worker."""
+    from ..binding import bind
+    from ..loading import load_model
+    from ..transforms import canonicalize_model
+
+    model = load_model(source, factory=factory).model
+    return canonicalize_model(bind(spec, model), model).eval()
+
+
+def _module(cfg: RunConfig) -> Any:
+    if cfg.module is not None or cfg.module_source is None:
+        return cfg.module
+    return _reference_module(cfg.module_source, cfg.factory, cfg.spec)
+
+
 def align(task: Task, cfg: RunConfig, searched: Any) -> Result:
     from ..alignment import AlignOptions, Endpoint
     from ..solvers import WeightOptions, embed
@@ -199,8 +225,10 @@ def align(task: Task, cfg: RunConfig, searched: Any) -> Result:
     before = squared_distance(universe, start, problem.params)
     del start
     options = AlignOptions(rounds=cfg.match_rounds, tol=cfg.match_tol, device=cfg.device, dtype=dtype, init=init,
-                           tuning=WeightOptions(max_iter=cfg.max_iter, greedy_start=init is None))
-    found = alignment_method(cfg.method).align(searched, Endpoint(universe), Endpoint(theta), options)
+                           data=cfg.data, tuning=WeightOptions(max_iter=cfg.max_iter, greedy_start=init is None))
+    method = alignment_method(cfg.method)
+    module = _module(cfg) if method.needs_module else None
+    found = method.align(searched, Endpoint(universe, module), Endpoint(theta, module), options)
     elements = {s: element_to_cpu(e) for s, e in found.elements.items()}
     for s, si in searched.spaces.items():  # a space the method left out is the identity
         elements.setdefault(s, si.group.identity(dtype=dtype))

@@ -1,0 +1,245 @@
+"""Data-driven alignment methods built on the weights' solvers.
+
+- ``activation``: activation matching (:mod:`symspec.solvers.activation_statistics`):
+  both models run over the same batches, the second moments of their features at every
+  activation site are accumulated, and each space is solved from them;
+- ``weight+activation``: the weights' terms and the activation terms in one objective;
+- ``weight-tokens``: weight matching whose embedding and unembedding rows are weighted
+  by how often each token occurs in the data (rare tokens' rows, barely trained, count
+  for little).
+
+All three read ``options.data`` (evaluation data, its train split: an object with
+``batches``, a list of ``(inputs, targets)``) and, for the first two, run the models:
+``a.module`` in canonical form, with A's and B's canonical weights in turn.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..errors import SymspecInputError
+from .method import Alignment, AlignOptions, Endpoint
+
+if TYPE_CHECKING:  # this module is imported when methods are listed: no torch until used
+    import torch
+
+    from ..problem import Problem
+    from ..solvers.activation_statistics import ActivationMoments
+
+__all__ = ["ActivationMatching", "ActivationOptions", "TokenWeightedMatching", "collect_moments", "token_counts"]
+
+
+@attrs.frozen
+class ActivationOptions:
+    """Knobs of the data-driven methods. ``batches``: at most this many batches of the
+    data are read (None: all). ``normalize``: ``correlation`` standardises the sites of
+    permutation-only spaces (Git Re-Basin's correlation matching), ``none`` uses raw
+    second moments everywhere. ``mix``: in ``weight+activation``, the activation terms'
+    energy relative to the weights'. ``solver``: the descent's knobs
+    (:class:`~symspec.solvers.WeightOptions`)."""
+
+    batches: int | None = 32
+    normalize: str = "correlation"
+    mix: float = 1.0
+    solver: Any = None
+
+
+def _options(tuning: Any, **defaults: Any) -> ActivationOptions:
+    """``tuning`` as :class:`ActivationOptions`: itself, or the solver's knobs alone (a
+    :class:`~symspec.solvers.WeightOptions`, what universe matching passes every method)."""
+    if isinstance(tuning, ActivationOptions):
+        return tuning
+    return ActivationOptions(**defaults, solver=tuning)
+
+
+def _batches(data: Any, limit: int | None) -> list[tuple[Any, Any]]:
+    batches = getattr(data, "batches", None)
+    if not batches:
+        raise SymspecInputError("the data has no batches to align on")
+    return list(batches[:limit] if limit is not None else batches)
+
+
+def _cast(x: Any, dtype: torch.dtype) -> Any:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype) if x.is_floating_point() else x
+    if isinstance(x, Mapping):
+        return {k: _cast(v, dtype) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_cast(v, dtype) for v in x)
+    return x
+
+
+def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[str, torch.Tensor],
+                    state_b: Mapping[str, torch.Tensor], data: Any, *, batches: int | None = None,
+                    device: torch.device | str = "cpu") -> ActivationMoments:
+    """Run ``module`` with A's and with B's weights over the data's batches and
+    accumulate the moments of every activation site of ``problem``."""
+    import torch
+
+    from ..graph import SiteRecorder
+    from ..solvers.activation_statistics import ActivationMoments
+
+    recorder = SiteRecorder(module, problem)
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+    moments: ActivationMoments | None = None
+    training = module.training
+    module.eval()  # features must be functions of the inputs: no dropout
+    try:
+        for inputs, _ in _batches(data, batches):
+            inputs = _cast(inputs, dtype)
+            fa = recorder.record(inputs, state_a)
+            fb = recorder.record(inputs, state_b)
+            if moments is None:
+                if not recorder.sites:
+                    raise SymspecInputError(f"no activation site found in {type(module).__name__} for the spec's spaces")
+                moments = ActivationMoments.empty(recorder.sites, device)
+            moments.update(fa, fb)
+    finally:
+        module.train(training)
+    assert moments is not None
+    return moments
+
+
+@attrs.frozen
+class ActivationMatching:
+    """Activation matching (``combine=False``) or weight plus activation matching
+    (``combine=True``): see the module and :mod:`symspec.solvers.activation_statistics`.
+    ``options.tuning``: an :class:`ActivationOptions`."""
+
+    name: str = "activation"
+    label: str = "activation matching"
+    combine: bool = False
+    canonical: bool = True
+    needs_data: bool = True
+    needs_module: bool = True
+    groups: str | None = None
+
+    def align(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions) -> Alignment:
+        import torch
+
+        from ..solvers import Timer, match_weights
+        from ..solvers.activation_statistics import activation_problem, combined_problem
+
+        opts = _options(options.tuning)
+        timer = options.timer or Timer()
+        assert a.module is not None
+        with timer("statistics"):
+            moments = collect_moments(a.module, problem, a.state, b.state, options.data, batches=opts.batches,
+                                      device=options.device)
+        with timer("factor"):
+            if self.combine:
+                prob, sa, sb = combined_problem(problem, a.state, b.state, moments, mix=opts.mix,
+                                                normalize=opts.normalize)
+            else:
+                dtype = options.dtype or next((t.dtype for t in a.state.values() if t.is_floating_point()), torch.float32)
+                prob, sa, sb = activation_problem(problem, moments, normalize=opts.normalize, dtype=dtype)
+        res = match_weights(prob, sa, sb, rounds=options.rounds, tol=options.tol, device=options.device,
+                            dtype=options.dtype, init=options.init, progress=options.progress, timer=timer,
+                            options=opts.solver)
+        seen = {s for site in moments.sites.values() for s in site.spaces()}
+        info = {"statistics": moments.describe(), "normalize": opts.normalize,
+                "spaces_without_sites": sorted(set(problem.spaces) - seen)}
+        if self.combine:
+            info["mix"] = opts.mix
+        return Alignment(res.elements, res.history, res.timings, res.converged, None, info)
+
+
+def _embeddings(module: torch.nn.Module | None, problem: Problem) -> dict[str, int]:
+    """Bound embedding tables of ``module``: parameter name -> vocabulary size."""
+    import torch
+
+    if module is None:
+        return {}
+    return {f"{n}.weight": m.num_embeddings for n, m in module.named_modules()
+            if isinstance(m, torch.nn.Embedding) and f"{n}.weight" in problem.params}
+
+
+def token_counts(data: Any, vocab: int, batches: int | None = None) -> torch.Tensor:
+    """How often each token id occurs in the data's inputs (integer tensors: ids)."""
+    import torch
+
+    counts = torch.zeros(vocab, dtype=torch.float64)
+
+    def add(x: Any) -> None:
+        if isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dtype != torch.bool and x.numel():
+            ids = x.reshape(-1).long().cpu()
+            if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+                return  # not token ids (a mask, positions beyond the table)
+            counts.add_(torch.bincount(ids, minlength=vocab).double())
+        elif isinstance(x, Mapping):
+            if "input_ids" in x:
+                add(x["input_ids"])
+            else:
+                for v in x.values():
+                    add(v)
+        elif isinstance(x, (tuple, list)):
+            for v in x:
+                add(v)
+
+    for inputs, _ in _batches(data, batches):
+        add(inputs)
+    return counts
+
+
+def _row_weighted(problem: Problem, state: Mapping[str, torch.Tensor], vocab: int,
+                  root: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``state`` with every bound parameter's unbound axis of size ``vocab`` scaled by
+    ``root`` (the embedding and the unembedding)."""
+
+    out = dict(state)
+    for name, pb in problem.params.items():
+        bound = {ab.axis for ab in pb.axes}
+        for axis, n in enumerate(pb.shape):
+            if n == vocab and axis not in bound:
+                shape = [1] * len(pb.shape)
+                shape[axis] = n
+                t = out[name]
+                out[name] = t * root.to(t.device, t.dtype).reshape(shape)
+    return out
+
+
+@attrs.frozen
+class TokenWeightedMatching:
+    """Weight matching with the rows of the embedding and the unembedding weighted by the
+    data's token frequencies (``(count + 1) / mean(count + 1)``, so the weights' total is
+    unchanged). The objective is only reweighted: the element still acts on B as it is."""
+
+    name: str = "weight-tokens"
+    label: str = "weight matching, token-weighted embeddings"
+    canonical: bool = True
+    needs_data: bool = True
+    needs_module: bool = True
+    groups: str | None = None
+
+    def align(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions) -> Alignment:
+        from ..solvers import match_weights
+
+        opts = _options(options.tuning, batches=None)
+        tables = _embeddings(a.module, problem)
+        if not tables:  # an image model, say: nothing to weight, plain weight matching
+            warnings.warn(f"weight-tokens: {type(a.module).__name__} has no token embedding bound by the spec; "
+                          "the rows are not weighted (plain weight matching)", stacklevel=2)
+            res = match_weights(problem, a.state, b.state, rounds=options.rounds, tol=options.tol,
+                                device=options.device, dtype=options.dtype, init=options.init,
+                                progress=options.progress, timer=options.timer, options=opts.solver)
+            return Alignment(res.elements, res.history, res.timings, res.converged, None, {"token_weights": None})
+        vocab = max(tables.values())
+        counts = token_counts(options.data, vocab, opts.batches)
+        if float(counts.sum()) == 0:
+            raise SymspecInputError(f"the data has no token ids below the vocabulary size {vocab}")
+        w = (counts + 1) / (counts + 1).mean()
+        root = w.sqrt()
+        sa, sb = _row_weighted(problem, a.state, vocab, root), _row_weighted(problem, b.state, vocab, root)
+        res = match_weights(problem, sa, sb, rounds=options.rounds, tol=options.tol, device=options.device,
+                            dtype=options.dtype, init=options.init, progress=options.progress, timer=options.timer,
+                            options=opts.solver)
+        seen = int((counts > 0).sum())
+        info = {"token_weights": {"vocab": vocab, "tokens": int(counts.sum()), "distinct": seen,
+                                  "max_weight": float(w.max()), "min_weight": float(w.min())}}
+        return Alignment(res.elements, res.history, res.timings, res.converged, None, info)

@@ -1,0 +1,120 @@
+"""Activation sites: where data shows a space.
+
+A site is a traced node whose last axis carries features on which the spaces act as on
+one axis of a bound weight (:class:`~symspec.problem.Site`), found from the weights'
+bindings, so that a new spec gets sites for free:
+
+- ``out:W`` (kind ``pre``): the output of a linear-like layer with weight W (a linear,
+  an addmm of a Conv1D, a matmul, an embedding), whose output axis is bound: features
+  move as that axis (fused QKV outputs keep their segments and head layout; keys move
+  by the dual of the QK map, as W's rows do);
+- ``post:W:k`` (kind ``post``): the k-th elementwise function (GELU, SiLU, ReLU,
+  dropout) of ``out:W`` in a chain of single users, where every space of the axis is a
+  permutation group (only those commute with an elementwise nonlinearity);
+- ``in:W`` (kind ``post``): the input of a layer whose weight's input axis is bound:
+  what the layer reads, moving by the dual of that axis (GPT-2's composite tanh-GELU,
+  SwiGLU's ``silu(gate) * up``, a head's attention output before ``o_proj``, a norm's
+  output before ``q_proj``).
+
+One site per node (the first found).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..problem import AxisBinding, Factor, ParamBinding, Problem, Site
+from .trace import ModelGraph, Node
+
+#: ops that map features elementwise (the last axis keeps its meaning)
+ELEMENTWISE = {
+    "gelu", "relu", "silu", "tanh", "sigmoid", "dropout", "GELU", "ReLU", "SiLU", "Tanh", "Dropout", "Identity",
+    "clone", "alias",
+}
+
+#: linear-like ops -> (the weight's position among the arguments, the weight axis that
+#: becomes the output's last axis); ``call_module`` layers read their own weight (position None)
+_OUT = {
+    "Linear": (None, 0), "Embedding": (None, 1),
+    "linear": (1, 0), "addmm": (2, 1), "mm": (1, 1), "matmul": (1, 1), "embedding": (0, 1),
+}
+#: the position of the embedding table: aten.embedding(weight, ids) in exported graphs,
+#: F.embedding(ids, weight) in symbolically traced ones
+_EMBEDDING_WEIGHT = {"export": 0, "symbolic_trace": 1}
+#: linear-like ops -> (the weight's position, the weight axis that reads the input's
+#: last axis, the input's position)
+_IN = {"Linear": (None, 1, 0), "linear": (1, 1, 0), "addmm": (2, 0, 1), "mm": (1, 0, 0)}
+
+
+def find_sites(mg: ModelGraph, problem: Problem) -> tuple[Site, ...]:
+    """Every activation site of ``problem``'s spaces in the traced graph (see the module)."""
+    if not mg.traced:
+        return ()
+    found: dict[str, Site] = {}
+    for pname, binding in problem.params.items():
+        if len(binding.shape) != 2:  # weights only: a bias's user is the same layer
+            continue
+        for user in mg.param_users.get(pname, []):
+            node = mg.nodes[user]
+            for site in _output_sites(mg, problem, node, pname, binding) + _input_sites(mg, node, pname, binding):
+                found.setdefault(site.node, site)
+    return tuple(found.values())
+
+
+def _reads_at(mg: ModelGraph, node: Node, pname: str, position: int | None) -> bool:
+    """Whether ``node`` reads parameter ``pname`` as its weight operand."""
+    if position is None:
+        return node.op == "call_module"
+    args = node.fx.args
+    if position >= len(args) or not hasattr(args[position], "name"):
+        return False
+    return pname in mg.nodes[args[position].name].params
+
+
+def _axis(binding: ParamBinding, axis: int, dual: bool = False) -> AxisBinding | None:
+    ab = next((a for a in binding.axes if a.axis == axis), None)
+    if ab is None:
+        return None
+    segments = ab.segments
+    if dual:
+        flip = {"co": "contra", "contra": "co"}
+        segments = tuple(attrs.evolve(s, factors=tuple(Factor(f.space, f.path, flip[f.variance]) for f in s.factors))
+                         for s in segments)
+    return AxisBinding(0, segments, ab.layout)
+
+
+def _output_sites(mg: ModelGraph, problem: Problem, node: Node, pname: str, binding: ParamBinding) -> list[Site]:
+    if node.target not in _OUT:
+        return []
+    position, axis = _OUT[node.target]
+    if node.target == "embedding":
+        position = _EMBEDDING_WEIGHT[mg.method]
+    if not _reads_at(mg, node, pname, position):
+        return []
+    ab = _axis(binding, axis)
+    if ab is None:
+        return []
+    sites = [Site(f"out:{pname}", node.name, "pre", pname, ab, node.module)]
+    groups = [problem.spaces[f.space].group for s in ab.segments for f in s.factors]
+    if all(g.permutation_subgroup() == g for g in groups):
+        k, cur = 0, node
+        while len(cur.users) == 1 and mg.nodes[cur.users[0]].target in ELEMENTWISE:
+            cur, k = mg.nodes[cur.users[0]], k + 1
+            sites.append(Site(f"post:{pname}:{k}", cur.name, "post", pname, ab, cur.module))
+    return sites
+
+
+def _input_sites(mg: ModelGraph, node: Node, pname: str, binding: ParamBinding) -> list[Site]:
+    if node.target not in _IN:
+        return []
+    position, axis, source = _IN[node.target]
+    if not _reads_at(mg, node, pname, position):
+        return []
+    args = node.fx.args
+    if source >= len(args) or not hasattr(args[source], "name") or mg.nodes[args[source].name].params:
+        return []
+    ab = _axis(binding, axis, dual=True)
+    if ab is None:
+        return []
+    src = mg.nodes[args[source].name]
+    return [Site(f"in:{pname}", src.name, "post", pname, ab, src.module)]

@@ -1,0 +1,260 @@
+"""Activation sites, their recorder, and activation matching.
+
+Sites are checked against the group action itself: for a random element g, the
+features of g·B at every site must be rho(g) applied to B's features, as the site's
+binding says (keys through the dual, fused QKV segments, head-major layouts, GQA). A
+site bound the wrong way round is caught. Activation matching then recovers a planted
+element (B = g·A gives back A) on every family, from streaming statistics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+import symspec
+from symspec.binding import bind
+from symspec.graph import SiteRecorder
+from symspec.problem import Factor, Site
+from symspec.solvers.activation_statistics import ActivationMoments, SiteMoments, activation_problem
+from symspec.transforms import apply_elements, canonicalize_model, sample_elements, transform_tensor
+from tests.cli_files import model_file, run, write_words
+from tests.zoo import ZOO
+
+#: families whose norms compute in float32 whatever the model's dtype (RMSNorm upcasts)
+FLOAT32_NORMS = {"llama", "qwen2", "gemma", "llama_tied"}
+
+
+def _double(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.double() if x.is_floating_point() else x
+    if isinstance(x, dict):
+        return {k: _double(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_double(v) for v in x)
+    return x
+
+
+def _fresh(x: Any, seed: int) -> Any:
+    """Inputs shaped like ``x`` with new values (token ids below the largest seen)."""
+    torch.manual_seed(seed)
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point():
+            return torch.randn_like(x)
+        if x.dtype == torch.long and int(x.max()) > 1:
+            return torch.randint(0, int(x.max()) + 1, x.shape)
+        return x
+    if isinstance(x, dict):
+        return {k: _fresh(v, seed) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_fresh(v, seed) for v in x)
+    return x
+
+
+def _family(name: str) -> tuple[torch.nn.Module, Any, Any]:
+    model, inputs = ZOO[name]()
+    model = model.double().eval()
+    bound = bind(symspec.load_spec(name), model)
+    return canonicalize_model(bound, model).eval(), _double(inputs), bound
+
+
+def _moved(site: Site, bound: Any, x: torch.Tensor, g: Any) -> torch.Tensor:
+    return transform_tensor(bound.problem, site.binding(x.shape[0]), x.T, g).T
+
+
+@pytest.mark.parametrize("name", ["nanogpt", "gpt2", "llama", "gpt_neox", "bert", "timm_vit", "opt"])
+def test_site_features_move_as_their_binding_says(name: str) -> None:
+    canon, inputs, bound = _family(name)
+    sd = canon.state_dict()
+    g = sample_elements(bound.problem, seed=1, cond=3.0)
+    sd_g = apply_elements(bound.problem, g, sd)
+    rec = SiteRecorder(canon, bound.problem)
+    xb, xg = rec.record(inputs, sd), rec.record(inputs, sd_g)
+    assert rec.sites and {s for site in rec.sites for s in site.spaces()} == set(bound.problem.spaces)
+    tol = 1e-5 if name in FLOAT32_NORMS else 1e-9
+    for site in rec.sites:
+        err = (_moved(site, bound, xb[site.name], g) - xg[site.name]).abs().max() / xg[site.name].abs().max()
+        assert err < tol, (site.name, float(err))
+    # negative case: keys read as queries (the QK maps are not orthogonal: the dual
+    # differs) do not predict g·B
+    dual = next(s for s in rec.sites if any(f.variance == "contra" for seg in s.axis.segments for f in seg.factors))
+    flip = {"co": "contra", "contra": "co"}
+    wrong_axis = attrs.evolve(dual.axis, segments=tuple(
+        attrs.evolve(seg, factors=tuple(Factor(f.space, f.path, flip[f.variance]) for f in seg.factors))
+        for seg in dual.axis.segments))
+    wrong = attrs.evolve(dual, axis=wrong_axis)
+    err = (_moved(wrong, bound, xb[dual.name], g) - xg[dual.name]).abs().max() / xg[dual.name].abs().max()
+    assert err > 1e-3, dual.name
+
+
+def test_sites_are_recorded_on_the_problem_when_bound_with_a_trace() -> None:
+    model, inputs = ZOO["llama"]()
+    bound = bind(symspec.load_spec("llama"), model, example_inputs=inputs, trace=True)
+    names = {s.name for s in bound.problem.sites}
+    # per-head sites: queries (qk), keys (the kv view of qk, dual), values, head outputs
+    assert {"out:model.layers.0.self_attn.q_proj.weight", "out:model.layers.0.self_attn.k_proj.weight",
+            "out:model.layers.0.self_attn.v_proj.weight", "in:model.layers.0.self_attn.o_proj.weight"} <= names
+    keys = next(s for s in bound.problem.sites if s.name == "out:model.layers.0.self_attn.k_proj.weight")
+    (f,) = keys.axis.segments[0].factors
+    assert (f.space, f.path, f.variance) == ("attn[0]", ("qk", "kv"), "contra")
+    assert bound.problem.sites_of("mlp[0]") and bound.problem.sites_of("resid")
+
+
+def test_the_graph_is_the_fx_graph_without_networkx() -> None:
+    code = "import symspec.graph, symspec.binding, sys; print('networkx' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_streaming_moments_equal_the_direct_ones_and_stay_the_same_size() -> None:
+    torch.manual_seed(0)
+    xa, xb = torch.randn(50, 3), torch.randn(50, 3)
+    m = SiteMoments.zeros(3)
+    for i in range(0, 50, 7):
+        m.update(xa[i : i + 7], xb[i : i + 7])
+    z = torch.cat([xa, xb], 1).double()
+    torch.testing.assert_close(m.gram, z.T @ z)
+    assert m.count == 50 and m.gram.shape == (6, 6)
+    with pytest.raises(ValueError, match="expected"):
+        m.update(torch.zeros(2, 4), torch.zeros(2, 4))
+
+
+def test_site_roots_reproduce_the_cross_moments() -> None:
+    canon, inputs, bound = _family("nanogpt")
+    rec = SiteRecorder(canon, bound.problem)
+    other = {k: v + 0.1 * torch.randn_like(v) for k, v in canon.state_dict().items()}
+    fa, fb = rec.record(inputs, canon.state_dict()), rec.record(inputs, other)
+    moments = ActivationMoments.empty(rec.sites)
+    moments.update(fa, fb)
+    problem, la, lb = activation_problem(bound.problem, moments, normalize="none", dtype=torch.float64)
+    for site in rec.sites:
+        key = f"site:{site.name}"
+        n = fa[site.name].shape[0]
+        torch.testing.assert_close(la[key] @ lb[key].T, fa[site.name].T @ fb[site.name] / n)
+        torch.testing.assert_close(lb[key] @ lb[key].T, fb[site.name].T @ fb[site.name] / n)
+    assert set(problem.params) == {f"site:{s.name}" for s in rec.sites} and problem.spaces == bound.problem.spaces
+
+
+def _planted_data(name: str, batches: int = 4) -> tuple[Any, Any]:
+    model, inputs = ZOO[name]()
+    model = model.double().eval()
+    p = symspec.plant(model, name, seed=3, cond=3.0)
+    data = SimpleNamespace(batches=[(_fresh(_double(inputs), 100 + i), None) for i in range(batches)])
+    return p, data
+
+
+def _relative_distance(res: Any, a: torch.nn.Module) -> float:
+    sd = a.state_dict()
+    params = res.bound.problem.params
+    return sum(float((res.aligned_b[k] - sd[k]).pow(2).sum()) for k in params) / sum(float(sd[k].pow(2).sum()) for k in params)
+
+
+@pytest.mark.parametrize("name", ["nanogpt", "gpt2", "llama", "timm_vit"])
+@pytest.mark.parametrize("method", ["activation", "weight+activation"])
+def test_activation_matching_recovers_a_planted_element(name: str, method: str) -> None:
+    p, data = _planted_data(name)
+    res = symspec.align(p.canonical, p.model, name, method=method, data=data, rounds=5)
+    assert _relative_distance(res, p.canonical) < 1e-10
+    stats = res.info["statistics"]
+    assert stats["batches"] == 4 and stats["bytes"] > 0 and not res.info["spaces_without_sites"]
+    assert {"statistics", "factor"} <= set(res.timings)
+
+
+def test_activation_matching_in_a_subgroup_cannot_recover_a_general_element() -> None:
+    p, data = _planted_data("nanogpt")
+    res = symspec.align(p.canonical, p.model, "nanogpt", method="activation", data=data, groups="perm", rounds=5)
+    assert _relative_distance(res, p.canonical) > 1e-2
+
+
+def test_statistics_memory_does_not_grow_with_the_batches() -> None:
+    p, few = _planted_data("nanogpt", batches=2)
+    _, many = _planted_data("nanogpt", batches=8)
+    a = symspec.align(p.canonical, p.model, "nanogpt", method="activation", data=few, rounds=1)
+    b = symspec.align(p.canonical, p.model, "nanogpt", method="activation", data=many, rounds=1)
+    assert a.info["statistics"]["bytes"] == b.info["statistics"]["bytes"]
+    assert b.info["statistics"]["tokens"] == 4 * a.info["statistics"]["tokens"]
+
+
+def test_token_weights_count_the_data_and_fall_back_without_an_embedding() -> None:
+    from symspec.alignment.activation import token_counts
+
+    ids = torch.tensor([[1, 1, 2], [0, 1, 5]])
+    data = SimpleNamespace(batches=[({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, None), (ids, None)])
+    assert token_counts(data, 6).tolist() == [2, 6, 2, 0, 0, 2]
+    a, _ = ZOO["nanogpt"](seed=0)
+    b, _ = ZOO["nanogpt"](seed=1)
+    tokens = SimpleNamespace(batches=[(torch.randint(0, 5, (2, 8)), None)])
+    res = symspec.align(a, b, "nanogpt", method="weight-tokens", data=tokens, rounds=2)
+    info = res.info["token_weights"]
+    assert info["distinct"] <= 5 and info["min_weight"] < 1 < info["max_weight"]
+    plain = symspec.align(a, b, "nanogpt", method="weight", rounds=2)
+    assert res.history[0] != pytest.approx(plain.history[0])  # the objective is reweighted
+    vit, x = ZOO["vit"]()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = symspec.align(vit, ZOO["vit"](seed=1)[0], "vit", method="weight-tokens",
+                            data=SimpleNamespace(batches=[(x, None)]), rounds=1)
+    assert out.info["token_weights"] is None and any("no token embedding" in str(w.message) for w in caught)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from symspec.loading import load_model
+
+    d = tmp_path_factory.mktemp("activation")
+    text = d / "words.txt"
+    mf = model_file(d, "gpt.py", write_words(text))
+    lm = load_model(mf).model
+    out = {"text": text, "model": mf}
+    for i in range(2):
+        torch.manual_seed(i)
+        out[f"m{i}"] = d / f"m{i}.pt"
+        torch.save(type(lm)(lm.config).state_dict(), out[f"m{i}"])
+    return out
+
+
+def test_cli_match_with_activation_matching_writes_the_usual_outputs(files: dict[str, Path], tmp_path: Path) -> None:
+    from symspec.loading import load_model
+
+    args = [files["m0"], files["m1"], "--model", files["model"], "--data", f"text:{files['text']}"]
+    code, _, err = run("match", *args, "--method", "activation", "--out", tmp_path / "m", "--json")
+    assert code == 0, err
+    report = json.loads((tmp_path / "m" / "match.json").read_text())
+    assert report["method"] == "activation" and report["info"]["statistics"]["tokens"] > 0
+    assert "statistics" in report["timings"]
+    # aligned B computes B's function
+    b = load_model(files["m1"], factory=files["model"]).model
+    aligned = load_model(tmp_path / "m" / "model.pt", factory=files["model"]).model
+    x = torch.randint(0, 10, (2, 8))
+    torch.testing.assert_close(aligned(x), b(x), rtol=1e-4, atol=1e-4)
+    code, _, err = run("match", files["m0"], files["m1"], "--model", files["model"], "--method", "activation",
+                       "--out", tmp_path / "n")
+    assert code == 2 and "no data: pass --data" in err and not (tmp_path / "n").exists()
+
+
+def test_universe_matching_aligns_with_a_data_driven_method(files: dict[str, Path]) -> None:
+    from symspec.data import load_data
+    from symspec.loading import load_model
+    from symspec.universe import UniverseError, universe_match
+
+    paths = [files["m0"], files["m1"]]
+    data = load_data(f"text:{files['text']}", model=load_model(files["m0"], factory=files["model"]).model, split="train")
+    res = universe_match(paths, "nanogpt", factory=files["model"], method="activation", rounds=2, jobs=1, data=data)
+    assert res.method == "activation" and len(res.history) >= 2
+    # every model aligned into the universe still computes its own function
+    x = torch.randint(0, 10, (2, 8))
+    for path, aligned in zip(paths, res.aligned):
+        own = load_model(path, factory=files["model"]).model
+        model = res.canonical_model
+        model.load_state_dict(aligned)
+        torch.testing.assert_close(model(x), own(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(UniverseError, match="needs data"):
+        universe_match(paths, "nanogpt", factory=files["model"], method="activation", rounds=1, jobs=1)
