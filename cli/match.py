@@ -140,14 +140,24 @@ def _load_pair(a: str, b: str, factory: str | None, spec_arg: str | None, progre
     return la, lb, spec
 
 
-def _align(la: Any, lb: Any, spec: Any, method: str, data_arg: str | None, factory: str | None,
+def default_method(method: str | None, data_arg: str | None) -> str:
+    """--method as given; unset, weight matching, or with --data the data-driven method
+    that measured best (:data:`symspec.alignment.DATA_DEFAULT`)."""
+    if method is not None:
+        return method
+    from symspec.alignment import DATA_DEFAULT
+
+    return DATA_DEFAULT if data_arg is not None else "weight"
+
+
+def _align(la: Any, lb: Any, spec: Any, method: str | None, data_arg: str | None, factory: str | None,
            progress: _Progress, **kw: Any) -> Any:
     """B aligned to A by the registered ``method``; data-driven methods get the train split
     of ``--data``. B's canonical copy is not kept (one copy of B less on large models)."""
     from symspec.alignment import align, get_method
     from symspec.errors import SymspecInputError
 
-    m = get_method(method)
+    m = get_method(default_method(method, data_arg))
     data = None
     if data_arg is not None or m.needs_data:
         if not m.needs_data:
@@ -205,8 +215,9 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option("--spec", "spec_arg", metavar="PATH|NAME", help="Spec file or built-in name (default: A's model file SPEC, else the built-in spec for A's class)."),
         click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output folder (written atomically)."),
-        click.option("--method", default="weight", show_default=True, type=MethodChoice(),
-                     help="Alignment method, any registered one (`symspec methods` lists them)."),
+        click.option("--method", default=None, type=MethodChoice(),
+                     help="Alignment method, any registered one (`symspec methods` lists them).  [default: weight; "
+                          "with --data, the best data-driven one measured (symspec.alignment.DATA_DEFAULT)]"),
         click.option("--data", "data_arg", metavar="SOURCE",
                      help="For data-driven methods: the examples they align on (the train split of SOURCE; "
                           "same syntax as barrier's --data)."),
@@ -228,7 +239,7 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("model_b", metavar="B")
 @_common_options
 @handle_errors
-def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, method: str, data_arg: str | None,
+def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, method: str | None, data_arg: str | None,
               groups: str | None, rounds: int, tol: float, device: str, factory: str | None, force: bool,
               as_json: bool) -> None:
     """Align model B to model A under a spec, with any registered method (default: weight
@@ -265,7 +276,8 @@ def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, metho
 @click.option("--no-align", "no_align", is_flag=True, help="Interpolate the weights as they are (vanilla averaging): --method none.")
 @_common_options
 @handle_errors
-def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg: str | None, out: Path, method: str,
+def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg: str | None, out: Path,
+              method: str | None,
               data_arg: str | None, groups: str | None, rounds: int, tol: float, device: str, factory: str | None,
               force: bool, as_json: bool) -> None:
     """Write the interpolation (1 - alpha) A + alpha B, with B aligned to A first.
@@ -281,8 +293,7 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
 
     check_output(out, force, [model_a, model_b, factory, spec_arg, *data_inputs(data_arg)])
     dev = _device(device)
-    if no_align:
-        method = "none"
+    method = "none" if no_align else default_method(method, data_arg)
     # a method that does not use canonical forms (vanilla averaging) merges the raw weights
     no_align = not get_method(method).canonical
     with _Progress(True) as progress:

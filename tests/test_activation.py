@@ -9,6 +9,7 @@ element (B = g·A gives back A) on every family, from streaming statistics."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import warnings
@@ -19,6 +20,8 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import symspec
 from symspec.binding import bind
@@ -116,13 +119,15 @@ def test_the_graph_is_the_fx_graph_without_networkx() -> None:
 
 def test_streaming_moments_equal_the_direct_ones_and_stay_the_same_size() -> None:
     torch.manual_seed(0)
-    xa, xb = torch.randn(50, 3), torch.randn(50, 3)
+    xa, xb = torch.randn(50, 3, dtype=torch.float64), torch.randn(50, 3, dtype=torch.float64)
     m = SiteMoments.zeros(3)
+    size = m.bytes
     for i in range(0, 50, 7):
         m.update(xa[i : i + 7], xb[i : i + 7])
-    z = torch.cat([xa, xb], 1).double()
-    torch.testing.assert_close(m.gram, z.T @ z)
-    assert m.count == 50 and m.gram.shape == (6, 6)
+    torch.testing.assert_close(m.cross, xa.T @ xb)
+    torch.testing.assert_close(m.gram, xb.T @ xb)
+    torch.testing.assert_close(m.sq_a, xa.square().sum(0))
+    assert m.count == 50 and m.bytes == size
     with pytest.raises(ValueError, match="expected"):
         m.update(torch.zeros(2, 4), torch.zeros(2, 4))
 
@@ -137,16 +142,19 @@ def test_site_roots_reproduce_the_cross_moments() -> None:
     problem, la, lb = activation_problem(bound.problem, moments, normalize="none", dtype=torch.float64)
     for site in rec.sites:
         key = f"site:{site.name}"
-        n = fa[site.name].shape[0]
-        torch.testing.assert_close(la[key] @ lb[key].T, fa[site.name].T @ fb[site.name] / n)
-        torch.testing.assert_close(lb[key] @ lb[key].T, fb[site.name].T @ fb[site.name] / n)
+        xa, xb = fa[site.name], fb[site.name]
+        n = xa.shape[0]
+        torch.testing.assert_close(la[key] @ lb[key].T, xa.T @ xb / n)
+        torch.testing.assert_close(lb[key] @ lb[key].T, xb.T @ xb / n)
+        # the objective is the real one: ||L_A - L_B||^2 = mean ||x^A - x^B||^2
+        torch.testing.assert_close((la[key] - lb[key]).square().sum(), (xa - xb).square().sum() / n)
     assert set(problem.params) == {f"site:{s.name}" for s in rec.sites} and problem.spaces == bound.problem.spaces
 
 
-def _planted_data(name: str, batches: int = 4) -> tuple[Any, Any]:
+def _planted_data(name: str, batches: int = 4, seed: int = 3) -> tuple[Any, Any]:
     model, inputs = ZOO[name]()
     model = model.double().eval()
-    p = symspec.plant(model, name, seed=3, cond=3.0)
+    p = symspec.plant(model, name, seed=seed, cond=3.0)
     data = SimpleNamespace(batches=[(_fresh(_double(inputs), 100 + i), None) for i in range(batches)])
     return p, data
 
@@ -157,15 +165,26 @@ def _relative_distance(res: Any, a: torch.nn.Module) -> float:
     return sum(float((res.aligned_b[k] - sd[k]).pow(2).sum()) for k in params) / sum(float(sd[k].pow(2).sum()) for k in params)
 
 
-@pytest.mark.parametrize("name", ["nanogpt", "gpt2", "llama", "timm_vit"])
-@pytest.mark.parametrize("method", ["activation", "weight+activation"])
-def test_activation_matching_recovers_a_planted_element(name: str, method: str) -> None:
-    p, data = _planted_data(name)
-    res = symspec.align(p.canonical, p.model, name, method=method, data=data, rounds=5)
-    assert _relative_distance(res, p.canonical) < 1e-10
+SPECS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "specs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SPECS)
+@settings(max_examples=2, deadline=None)
+@given(seed=st.integers(0, 2**16))
+def test_activation_matching_recovers_a_planted_element_for_every_spec(name: str, seed: int) -> None:
+    p, data = _planted_data(name, seed=seed)
+    res = symspec.align(p.canonical, p.model, name, method="activation", data=data, rounds=5)
+    assert _relative_distance(res, p.canonical) < 1e-9
     stats = res.info["statistics"]
     assert stats["batches"] == 4 and stats["bytes"] > 0 and not res.info["spaces_without_sites"]
     assert {"statistics", "factor"} <= set(res.timings)
+
+
+@pytest.mark.parametrize("name", ["nanogpt", "llama", "timm_vit"])
+def test_weight_plus_activation_matching_recovers_a_planted_element(name: str) -> None:
+    p, data = _planted_data(name)
+    res = symspec.align(p.canonical, p.model, name, method="weight+activation", data=data, rounds=5)
+    assert _relative_distance(res, p.canonical) < 1e-9 and res.info["mix"] == 1.0
 
 
 def test_activation_matching_in_a_subgroup_cannot_recover_a_general_element() -> None:
@@ -258,3 +277,87 @@ def test_universe_matching_aligns_with_a_data_driven_method(files: dict[str, Pat
         torch.testing.assert_close(model(x), own(x), rtol=1e-4, atol=1e-4)
     with pytest.raises(UniverseError, match="needs data"):
         universe_match(paths, "nanogpt", factory=files["model"], method="activation", rounds=1, jobs=1)
+
+
+def test_read_sites_keep_one_site_per_chain_of_elementwise_functions() -> None:
+    from symspec.graph import read_sites
+
+    canon, inputs, bound = _family("nanogpt")
+    everything = SiteRecorder(canon, bound.problem)
+    everything.record(inputs)
+    read = SiteRecorder(canon, bound.problem, select=read_sites)
+    read.record(inputs)
+    all_names, read_names = {s.name for s in everything.sites}, {s.name for s in read.sites}
+    fc = next(s.param for s in everything.sites if s.name.startswith("post:"))
+    assert f"out:{fc}" in all_names and f"out:{fc}" not in read_names and f"post:{fc}:1" in read_names
+    # every space keeps a site
+    assert {x for s in read.sites for x in s.spaces()} == set(bound.problem.spaces)
+
+
+def _train_gpt2_folder(folder: Path, tokens: torch.Tensor, vocab: int, seed: int) -> Path:
+    """A tiny GPT-2 of the tokenizer's vocabulary, trained a few steps on ``tokens``."""
+    from tests.test_data_sources import CONTEXT, save_gpt2
+
+    save_gpt2(folder, vocab, seed=seed)
+    transformers = pytest.importorskip("transformers")
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(40):
+        starts = torch.randint(0, len(tokens) - CONTEXT - 1, (8,), generator=gen)
+        x = torch.stack([tokens[s : s + CONTEXT] for s in starts])
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_cli_barrier_on_trained_hf_gpt2_folders_with_a_word_level_tokenizer(tmp_path: Path) -> None:
+    from tests.test_data_sources import PARAGRAPH, train_tokenizer
+
+    pytest.importorskip("tokenizers")
+    tok_dir = tmp_path / "tokenizer"
+    tok_dir.mkdir()
+    tok = train_tokenizer(tok_dir / "tokenizer.json")
+    text = tmp_path / "story.txt"
+    text.write_text(PARAGRAPH * 30, encoding="utf-8")
+    tokens = torch.tensor(tok.encode(PARAGRAPH * 30).ids)
+    a = _train_gpt2_folder(tmp_path / "a", tokens, tok.get_vocab_size(), seed=0)
+    b = _train_gpt2_folder(tmp_path / "b", tokens, tok.get_vocab_size(), seed=1)
+    methods = ["none", "weight", "activation", "weight+activation", "weight-tokens"]
+    code, out, err = run("barrier", a, b, "--data", f"text:{text},tokenizer={tok_dir}", "--points", 3,
+                         *[x for m in methods for x in ("--align", m)], "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [m["method"] for m in doc["methods"]] == methods
+    for m in doc["methods"]:
+        assert math.isfinite(m["summary"]["barrier_mean"]), m
+    # a tokenizer whose ids do not fit the models is one located line, exit 2
+    big = tmp_path / "big"
+    big.mkdir()
+    tokenizers = pytest.importorskip("tokenizers")
+    wide = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="[UNK]"))
+    wide.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    words = " ".join(f"w{i}" for i in range(200)) + " " + PARAGRAPH
+    wide.train_from_iterator([words], tokenizers.trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    wide.save(str(big / "tokenizer.json"))
+    text2 = tmp_path / "wide.txt"
+    text2.write_text(words * 5, encoding="utf-8")
+    code, _, err = run("barrier", a, b, "--data", f"text:{text2},tokenizer={big}", "--points", 3, "--align", "weight")
+    assert code == 2 and "vocab" in err.lower()
+
+
+def test_cli_match_defaults_to_the_best_data_method_when_given_data(files: dict[str, Path], tmp_path: Path) -> None:
+    from symspec.alignment import DATA_DEFAULT, get_method
+
+    assert get_method(DATA_DEFAULT).needs_data
+    args = [files["m0"], files["m1"], "--model", files["model"]]
+    code, out, err = run("match", *args, "--data", f"text:{files['text']}", "--out", tmp_path / "d", "--json")
+    assert code == 0 and json.loads(out)["method"] == DATA_DEFAULT, err
+    code, out, err = run("match", *args, "--out", tmp_path / "w", "--json")
+    assert code == 0 and json.loads(out)["method"] == "weight", err
+    # an explicit data-free method with --data is refused, not silently changed
+    code, _, err = run("match", *args, "--method", "weight", "--data", f"text:{files['text']}", "--out", tmp_path / "x")
+    assert code == 2 and "--data is for data-driven methods" in err

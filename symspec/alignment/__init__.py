@@ -22,7 +22,8 @@ _EXPORTS = {
     "get_method": "registry", "method_names": "registry", "register_method": "registry",
     "registered": "registry", "unregister_method": "registry",
     "AlignResult": "api", "align": "api", "canonical_module": "api", "check_same_problem": "api",
-    "mode_text": "api", "weight_distance": "api",
+    "mode_text": "api", "weight_distance": "api", "DATA_DEFAULT": "methods",
+    "ActivationOptions": "activation",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -38,12 +38,14 @@ class ActivationOptions:
     """Knobs of the data-driven methods. ``batches``: at most this many batches of the
     data are read (None: all). ``normalize``: ``correlation`` standardises the sites of
     permutation-only spaces (Git Re-Basin's correlation matching), ``none`` uses raw
-    second moments everywhere. ``mix``: in ``weight+activation``, the activation terms'
-    energy relative to the weights'. ``solver``: the descent's knobs
-    (:class:`~symspec.solvers.WeightOptions`)."""
+    second moments everywhere. ``sites``: ``read`` (default) records one site per chain of
+    elementwise functions (what the next layer reads), ``all`` every site. ``mix``: in
+    ``weight+activation``, the activation terms' energy relative to the weights'.
+    ``solver``: the descent's knobs (:class:`~symspec.solvers.WeightOptions`)."""
 
     batches: int | None = 32
     normalize: str = "correlation"
+    sites: str = "read"
     mix: float = 1.0
     solver: Any = None
 
@@ -77,15 +79,16 @@ def _cast(x: Any, dtype: torch.dtype) -> Any:
 
 def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[str, torch.Tensor],
                     state_b: Mapping[str, torch.Tensor], data: Any, *, batches: int | None = None,
-                    device: torch.device | str = "cpu") -> ActivationMoments:
+                    device: torch.device | str = "cpu", sites: str = "read") -> ActivationMoments:
     """Run ``module`` with A's and with B's weights over the data's batches and
-    accumulate the moments of every activation site of ``problem``."""
+    accumulate the moments of the activation sites of ``problem`` (``sites="all"``: every
+    one; ``"read"``: one per chain of elementwise functions, :func:`~symspec.graph.read_sites`)."""
     import torch
 
-    from ..graph import SiteRecorder
+    from ..graph import SiteRecorder, read_sites
     from ..solvers.activation_statistics import ActivationMoments
 
-    recorder = SiteRecorder(module, problem)
+    recorder = SiteRecorder(module, problem, select=read_sites if sites == "read" else None)
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
     moments: ActivationMoments | None = None
     training = module.training
@@ -131,7 +134,7 @@ class ActivationMatching:
         assert a.module is not None
         with timer("statistics"):
             moments = collect_moments(a.module, problem, a.state, b.state, options.data, batches=opts.batches,
-                                      device=options.device)
+                                      device=options.device, sites=opts.sites)
         with timer("factor"):
             if self.combine:
                 prob, sa, sb = combined_problem(problem, a.state, b.state, moments, mix=opts.mix,

@@ -73,3 +73,8 @@ ACTIVATION = register_method(ActivationMatching())
 WEIGHT_ACTIVATION = register_method(ActivationMatching(name="weight+activation", label="weight + activation matching",
                                                        combine=True))
 WEIGHT_TOKENS = register_method(TokenWeightedMatching())
+
+#: what ``symspec match``/``merge`` align with when given ``--data`` and no ``--method``:
+#: the data-driven method with the lowest loss barrier on the LMC benchmark's trained
+#: pairs (README, ``python bench/lmc_table.py``)
+DATA_DEFAULT = WEIGHT_ACTIVATION.name

@@ -8,8 +8,8 @@
 """
 
 from .recorder import SiteRecorder, record_sites
-from .sites import ELEMENTWISE, find_sites
+from .sites import ELEMENTWISE, find_sites, read_sites
 from .trace import ModelGraph, Node, by_space, call_args, trace
 
-__all__ = ["ELEMENTWISE", "ModelGraph", "Node", "SiteRecorder", "by_space", "call_args", "find_sites", "record_sites",
-           "trace"]
+__all__ = ["ELEMENTWISE", "ModelGraph", "Node", "SiteRecorder", "by_space", "call_args", "find_sites", "read_sites",
+           "record_sites", "trace"]

@@ -68,10 +68,13 @@ class SiteRecorder:
     ``module``'s class. :meth:`record` runs one batch with a state dict and returns site
     name -> features as a (tokens, features) matrix."""
 
-    def __init__(self, module: torch.nn.Module, problem: Problem, names: Collection[str] | None = None) -> None:
+    def __init__(self, module: torch.nn.Module, problem: Problem, names: Collection[str] | None = None,
+                 select: Callable[[tuple[Site, ...]], tuple[Site, ...]] | None = None) -> None:
         self.module = module
         self.problem = problem
         self.names = None if names is None else set(names)
+        #: which of the sites found to record (e.g. :func:`~.sites.read_sites`)
+        self.select = select
         self._runners: dict[tuple[Any, ...], tuple[_Runner, dict[str, Site]]] = {}
         self.sites: tuple[Site, ...] | None = None  # those of the first trace
         self.method = ""
@@ -83,7 +86,10 @@ class SiteRecorder:
             if not mg.traced:
                 raise SymspecInputError(f"{type(self.module).__name__} could not be traced, so its activations cannot "
                                         f"be recorded: {mg.reason}")
-            sites = {s.name: s for s in find_sites(mg, self.problem) if self.names is None or s.name in self.names}
+            found = find_sites(mg, self.problem)
+            if self.select is not None:
+                found = self.select(found)
+            sites = {s.name: s for s in found if self.names is None or s.name in self.names}
             if self.sites is None:
                 self.sites, self.method = tuple(sites.values()), mg.method
             wanted: dict[str, list[str]] = {}

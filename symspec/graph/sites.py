@@ -118,3 +118,21 @@ def _input_sites(mg: ModelGraph, node: Node, pname: str, binding: ParamBinding) 
         return []
     src = mg.nodes[args[source].name]
     return [Site(f"in:{pname}", src.name, "post", pname, ab, src.module)]
+
+
+def read_sites(sites: tuple[Site, ...]) -> tuple[Site, ...]:
+    """One site per chain: where a layer's output goes through elementwise functions, the
+    last of them (what the next layer reads, Git Re-Basin's post-activation site) and
+    not the output itself. Activation matching's default: a space's statistics once,
+    not once per function of the chain (half the memory on an MLP)."""
+    last: dict[str, int] = {}
+    for s in sites:
+        if s.name.startswith("post:"):
+            last[s.param] = max(last.get(s.param, 0), int(s.name.rsplit(":", 1)[1]))
+
+    def keep(s: Site) -> bool:
+        if s.param not in last:
+            return True
+        return s.name == f"post:{s.param}:{last[s.param]}" or s.name.startswith("in:")
+
+    return tuple(s for s in sites if keep(s))

@@ -13,6 +13,7 @@ little that site finding needs of each FX node: its op, the module it came from
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -100,7 +101,7 @@ def trace(model: torch.nn.Module, example_inputs: Any, problem: Problem | None =
     reasons = []
     for method in methods:
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _no_cache(model):
                 warnings.simplefilter("ignore")
                 if method == "symbolic_trace":
                     if kwargs:
@@ -122,6 +123,21 @@ def trace(model: torch.nn.Module, example_inputs: Any, problem: Problem | None =
             mg.sites = by_space(find_sites(mg, problem))
         return mg
     return ModelGraph("none", "; ".join(reasons) or "no tracing method")
+
+
+@contextlib.contextmanager
+def _no_cache(model: torch.nn.Module) -> Iterator[None]:
+    """A Hugging Face model's key/value cache off while tracing: its cache object is no
+    tensor, and an exported graph that returns one cannot be run (nothing here decodes)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", None) is not True:
+        yield
+        return
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        config.use_cache = True
 
 
 def by_space(sites: tuple[Site, ...]) -> dict[str, list[Site]]:

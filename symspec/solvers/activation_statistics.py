@@ -9,12 +9,12 @@ features of a traced node, on which the spaces act as on one axis of a bound wei
 the ``n_s`` tokens (or images) ``t`` of the data. Every solver reads only second moments
 (``C = sum a b^T``, ``G = sum b b^T``, ``||a||^2``), so the features are never kept:
 
-1. :class:`SiteMoments` accumulates, batch by batch, the joint second moment ``K`` of
-   ``[x^A; x^B]`` (2f x 2f, float64) with the feature sums and the token count: memory is
-   bounded by the statistics, whatever the number of batches;
-2. :func:`activation_problem` factors each ``K = L L^T`` (an eigendecomposition, rank
-   kept) and gives the site as a bound (features x rank) tensor ``L_A`` for A and ``L_B``
-   for B: ``L_A L_B^T = sum x^A x^B^T`` and so on, so the weights' provider
+1. :class:`SiteMoments` accumulates, batch by batch, ``C = sum x^A x^B^T`` and
+   ``G = sum x^B x^B^T`` (f x f, float64), the feature sums and A's sums of squares:
+   memory is bounded by the statistics, whatever the number of batches;
+2. :func:`activation_problem` factors them (an eigendecomposition of ``G``, rank kept)
+   into a bound (features x rank) tensor ``L_A`` for A and ``L_B`` for B with
+   ``L_A L_B^T = C``, ``L_B L_B^T = G`` and ``||L_A||^2 = sum ||x^A||^2``, so the weights' provider
    (:class:`~.weight_statistics.WeightStatistics`) and every per-kind solver, the
    descent and the execution strategy run unchanged on them (Procrustes for O/OC over
    every residual site at once, assignments for permutations and heads, least squares
@@ -45,40 +45,67 @@ NORMALIZE = ("correlation", "none")
 
 @attrs.define
 class SiteMoments:
-    """Streaming moments of one site: ``gram`` = sum over tokens of ``z z^T`` with
-    ``z = [x^A; x^B]`` (float64), ``total`` = sum of ``z``, ``count`` tokens."""
+    """Streaming moments of one site, over tokens ``t``: ``cross = sum x^A x^B^T`` and
+    ``gram = sum x^B x^B^T`` (f x f, float64), the feature sums of A and B, A's sums of
+    squares per feature, and the token count. A's own Gram is not needed: it enters the
+    objective only through its trace."""
 
     size: int
+    cross: torch.Tensor
     gram: torch.Tensor
-    total: torch.Tensor
+    sum_a: torch.Tensor
+    sum_b: torch.Tensor
+    sq_a: torch.Tensor
     count: int = 0
 
     @classmethod
     def zeros(cls, size: int, device: torch.device | str = "cpu") -> SiteMoments:
-        return cls(size, torch.zeros(2 * size, 2 * size, dtype=torch.float64, device=device),
-                   torch.zeros(2 * size, dtype=torch.float64, device=device))
+        def z(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=torch.float64, device=device)
+
+        return cls(size, z(size, size), z(size, size), z(size), z(size), z(size))
 
     def update(self, xa: torch.Tensor, xb: torch.Tensor) -> None:
-        """Add a batch: ``xa``, ``xb`` are (tokens, features) of A and B on the same inputs."""
+        """Add a batch: ``xa``, ``xb`` are (tokens, features) of A and B on the same
+        inputs. A batch's products and sums are computed in the features' own precision
+        (float32 for float32 features: one batch's sums of squares cannot cancel) and
+        accumulated across batches in float64."""
         if xa.shape != xb.shape or xa.shape[-1] != self.size:
             raise ValueError(f"site features of shape {tuple(xa.shape)} and {tuple(xb.shape)}, expected (*, {self.size})")
-        z = torch.cat([xa, xb], dim=1).to(self.gram.device, torch.float64)
-        self.gram.addmm_(z.mT, z)
-        self.total += z.sum(0)
-        self.count += int(z.shape[0])
+        dev = self.cross.device
+        work = torch.float64 if xa.dtype == torch.float64 else torch.float32
+        xa, xb = xa.to(dev, work), xb.to(dev, work)
+        self.cross += (xa.mT @ xb).double()
+        self.gram += (xb.mT @ xb).double()
+        self.sum_a += xa.sum(0).double()
+        self.sum_b += xb.sum(0).double()
+        self.sq_a += (xa * xa).sum(0).double()  # squares: nothing to cancel
+        self.count += int(xa.shape[0])
 
-    def second_moment(self, normalize: bool) -> torch.Tensor:
-        """The mean of ``z z^T``; with ``normalize``, the correlation matrix of ``z``
-        (each feature centred and scaled to unit variance; constant features stay 0)."""
-        m = self.gram / max(self.count, 1)
+    @property
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.cross, self.gram, self.sum_a, self.sum_b, self.sq_a))
+
+    def means(self, normalize: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per token: ``C = E[a b^T]``, ``G = E[b b^T]`` and ``E[||a||^2]`` (a 0-d tensor);
+        with ``normalize``, of the standardised features (each centred and scaled to unit
+        variance; a constant feature is left out)."""
+        n = max(self.count, 1)
+        c, g, sa = self.cross / n, self.gram / n, self.sq_a.sum() / n
         if not normalize:
-            return m
-        mu = self.total / max(self.count, 1)
-        cov = m - torch.outer(mu, mu)
-        sd = cov.diagonal().clamp_min(0).sqrt()
-        floor = float(sd.max()) * 1e-6 if sd.numel() else 0.0
-        inv = torch.where(sd > floor, 1.0 / sd.clamp_min(floor if floor > 0 else 1.0), torch.zeros_like(sd))
-        return cov * torch.outer(inv, inv)
+            return c, g, sa
+        mu_a, mu_b = self.sum_a / n, self.sum_b / n
+        c = c - torch.outer(mu_a, mu_b)
+        g = g - torch.outer(mu_b, mu_b)
+        inv_a = _inverse_sd((self.sq_a / n - mu_a.square()).clamp_min(0).sqrt())
+        inv_b = _inverse_sd(g.diagonal().clamp_min(0).sqrt())
+        return c * torch.outer(inv_a, inv_b), g * torch.outer(inv_b, inv_b), (inv_a > 0).sum().to(torch.float64)
+
+
+def _inverse_sd(sd: torch.Tensor) -> torch.Tensor:
+    """1/sd, and 0 for the features that are constant (sd below 1e-6 of the largest)."""
+    floor = float(sd.max()) * 1e-6 if sd.numel() else 0.0
+    return torch.where(sd > floor, 1.0 / sd.clamp_min(max(floor, torch.finfo(torch.float64).tiny)), torch.zeros_like(sd))
 
 
 @attrs.define
@@ -102,7 +129,7 @@ class ActivationMoments:
 
     @property
     def bytes(self) -> int:
-        return sum(m.gram.numel() * m.gram.element_size() + m.total.numel() * 8 for m in self.moments.values())
+        return sum(m.bytes for m in self.moments.values())
 
     @property
     def tokens(self) -> int:
@@ -118,17 +145,28 @@ def _permutation_only(problem: Problem, site: Site) -> bool:
     return all(g.permutation_subgroup() == g for g in groups)
 
 
-def _roots(k: torch.Tensor, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``L_A``, ``L_B`` (size x rank) with ``[L_A; L_B][L_A; L_B]^T = k``: the eigenvectors
-    of the PSD ``k`` scaled by the square roots of their eigenvalues, the numerically
-    zero ones dropped (their directions carry no data)."""
-    k = (k + k.mT) / 2
-    vals, vecs = torch.linalg.eigh(k)
-    keep = vals > vals.max().clamp_min(0) * (k.shape[0] * torch.finfo(torch.float64).eps)
+def _roots(c: torch.Tensor, g: torch.Tensor, sq_a: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``L_A``, ``L_B`` (f x rank + 1) with ``L_A L_B^T = c``, ``L_B L_B^T = g`` and
+    ``||L_A||^2 = sq_a``: ``L_B`` the eigenvectors of ``g`` scaled by the square roots of
+    their eigenvalues (the numerically zero ones dropped: no data there), ``L_A = c V
+    diag(lambda^-1/2)`` (the rows of ``c`` lie in the range of ``g``), and one more column
+    of ``L_A``, facing zeros in ``L_B``, carrying what of A the features of B cannot
+    explain (so the objective is the real one, not up to a constant)."""
+    g = (g + g.mT) / 2
+    vals, vecs = torch.linalg.eigh(g)
+    keep = vals > vals.max().clamp_min(0) * (g.shape[0] * torch.finfo(torch.float64).eps)
     if not bool(keep.any()):
         keep[-1] = True
-    root = vecs[:, keep] * vals[keep].clamp_min(0).sqrt()
-    return root[:size].to(dtype).contiguous(), root[size:].to(dtype).contiguous()
+    root = vals[keep].clamp_min(torch.finfo(torch.float64).tiny).sqrt()
+    vecs = vecs[:, keep]
+    lb = vecs * root
+    la = (c @ vecs) / root
+    rest = (sq_a - la.square().sum()).clamp_min(0).sqrt()
+    extra = torch.zeros(la.shape[0], 1, dtype=la.dtype, device=la.device)
+    extra[0, 0] = rest
+    la = torch.cat([la, extra], 1)
+    lb = torch.cat([lb, torch.zeros_like(extra)], 1)
+    return la.to(dtype).contiguous(), lb.to(dtype).contiguous()
 
 
 def activation_problem(problem: Problem, moments: ActivationMoments, *, normalize: str = "correlation",
@@ -147,7 +185,8 @@ def activation_problem(problem: Problem, moments: ActivationMoments, *, normaliz
         if m.count == 0 or not site.spaces() <= set(problem.spaces):
             continue
         corr = normalize == "correlation" and _permutation_only(problem, site)
-        la, lb = _roots(m.second_moment(corr) * scale, site.size, dtype)
+        c, g, sq_a = m.means(corr)
+        la, lb = _roots(c * scale, g * scale, sq_a * scale, dtype)
         binding = site.binding(la.shape[1])
         params[binding.name] = binding
         sd_a[binding.name], sd_b[binding.name] = la, lb
