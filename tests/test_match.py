@@ -319,3 +319,40 @@ def test_overlapped_head_solves_give_the_same_result(monkeypatch: pytest.MonkeyP
     assert on.history == off.history
     for p, v in on.aligned_b.items():
         assert torch.equal(v, off.aligned_b[p]), p
+
+
+def test_a_broken_down_gl_solve_is_never_taken_and_b_in_place_matches_the_copy() -> None:
+    """BERT's first greedy round used to take a NaN QK map from a rank-deficient Gram
+    (forced in, then undone by inverting it when B was transformed in place): a crash
+    of `symspec match` on every BERT pair."""
+    a, _ = ZOO["bert"](seed=0)
+    b, _ = ZOO["bert"](seed=1)
+    kept = symspec.align(a, b, "bert", rounds=3)
+    in_place = symspec.align(a, b, "bert", rounds=3, keep_canonical_b=False)
+    assert kept.history == in_place.history
+    assert all(torch.isfinite(v).all() for e in in_place.elements.values() for v in e.values() if v.is_floating_point())
+    assert in_place.distance("aligned") == pytest.approx(kept.distance("aligned"), rel=1e-6)
+
+
+def test_the_descent_refuses_non_finite_elements_even_when_forced() -> None:
+    from symspec.solvers import WeightOptions
+    from symspec.solvers.descent import Descent
+
+    a, _ = ZOO["nanogpt"](seed=0)
+    res = symspec.align(a, a, "nanogpt", rounds=0, options=WeightOptions())
+    taken: list[Any] = []
+
+    class Provider:
+        def evaluate(self, news: Any) -> Any:
+            taken.append(news)
+            return None
+
+    d = Descent.__new__(Descent)
+    d.provider = Provider()  # type: ignore[assignment]
+    space = next(iter(res.bound.problem.spaces))
+    nan = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+           for k, v in res.bound.problem.spaces[space].group.identity().items()}
+    assert not d.accept({space: nan}, force=True) and not taken
+    finite = res.bound.problem.spaces[space].group.identity()
+    d.accept({space: finite}, force=True)
+    assert taken  # a finite element reaches the provider

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+import torch
 
 from ..groups import Element, Group
 from ..problem import Problem
@@ -179,7 +180,9 @@ class Descent:
         """Keep the new elements (a space, or a joint pair: inner space first) if they
         lower the objective over what they act on by more than its rounding level (or
         ``force``): a change within rounding noise is not taken, so it neither moves the
-        weights nor counts as progress."""
+        weights nor counts as progress. Non-finite elements are never taken."""
+        if not all(bool(torch.isfinite(v).all()) for e in news.values() for v in e.values() if v.is_floating_point()):
+            return False  # a solver that broke down (a NaN matrix) is never taken, forced or not
         trial = self.provider.evaluate(news)
         if trial is None:
             return False

@@ -46,13 +46,17 @@ def _stats(terms: list[Term], variance: str, n: int) -> Stats | None:
     return (c.reshape(-1, n, n), g.reshape(-1, n, n), a.reshape(-1))  # type: ignore[union-attr]
 
 
-def _ls(s: Stats) -> torch.Tensor:
-    """The least-squares X for ||a - X b||: X = C G^-1 (lightly regularised)."""
+def _ls(s: Stats, toward: torch.Tensor | None = None) -> torch.Tensor:
+    """The least-squares X for ||a - X b||: X = C G^-1, lightly regularised towards
+    ``toward`` (default 0): X = (C + lam T)(G + lam I)^-1. Where the data do not reach
+    (G rank-deficient: few terms, a bias) the minimiser is not unique, and X keeps
+    ``toward`` there instead of collapsing to a singular matrix that no GL element is."""
     c, g, _ = s
     n = g.shape[-1]
     lam = (torch.diagonal(g, dim1=-2, dim2=-1).sum(-1) / n).clamp_min(1e-300) * 1e-12
     eye = torch.eye(n, dtype=g.dtype, device=g.device)
-    return torch.linalg.solve(g + lam[:, None, None] * eye, c.mT).mT
+    rhs = c if toward is None else c + lam[:, None, None] * toward
+    return torch.linalg.solve(g + lam[:, None, None] * eye, rhs.mT).mT
 
 
 # ---------------------------------------------------------------------------------------
@@ -232,9 +236,11 @@ def _minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx:
     eye = torch.eye(n, dtype=current.dtype, device=current.device).expand_as(current)
     cands = [current, eye]
     if co is not None:
-        cands.append(_ls(co))
-    if ct is not None:
-        inv, info = torch.linalg.inv_ex(_ls(ct))
+        cands.append(_ls(co, current))
+    if ct is not None:  # the contra terms' least squares is for X^-T: regularise towards current^-T
+        cur_inv, ok = torch.linalg.inv_ex(current)
+        toward = torch.where((ok == 0)[:, None, None], cur_inv.mT, eye)
+        inv, info = torch.linalg.inv_ex(_ls(ct, toward))
         cands.append(torch.where((info == 0)[:, None, None], inv.mT, eye))
     if co is not None and ct is not None and h_ct is not None:
         cands.append(equation_error(co, ct, h_ct))
@@ -246,7 +252,8 @@ def _minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx:
         return x0  # one-sided: least squares is the minimiser
     with ctx.timer("iterate"):
         x, _ = gauss_newton_gl(co, ct, x0, max_iter=ctx.max_iter, rtol=ctx.rtol)
-    return x
+    # a problem where Gauss-Newton broke down (non-finite) keeps its best starting point
+    return torch.where(torch.isfinite(x).all(-1, keepdim=True).all(-2, keepdim=True), x, x0)
 
 
 @solver("GL", cheap_apply=False, batched=True)
