@@ -211,13 +211,17 @@ class Measurer:
     canonical one for aligned pairs."""
 
     def __init__(self, data: EvalData, *, points: int | Sequence[float] = 11, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None, align_data: EvalData | None = None) -> None:
+                 dtype: torch.dtype | None = None, align_data: EvalData | None = None,
+                 align_validation: EvalData | None = None) -> None:
         from .interpolate import check_grid, lambdas
 
         self.grid = lambdas(points) if isinstance(points, int) else check_grid(points)
         self.data = data
         #: the examples data-driven methods align on (a train split, not ``data``)
         self.align_data = align_data
+        #: where methods that pick a step (learned matching) validate: never ``data``
+        #: (None: they hold out part of ``align_data``)
+        self.align_validation = align_validation
         self.device = device
         self.dtype = dtype
         self._evaluators: dict[Any, PathEvaluator] = {}
@@ -248,8 +252,8 @@ class Measurer:
         if check_data:
             check_fits(model_a, self.data, names[0])
             check_fits(model_b, self.data, names[1])
-        aligned = align_pair(method, model_a, model_b, spec=spec, device=self.device, data=self.align_data,
-                             **dict(align_kw or {}))
+        kw = {"validation": self.align_validation, **dict(align_kw or {})}
+        aligned = align_pair(method, model_a, model_b, spec=spec, device=self.device, data=self.align_data, **kw)
         curve = self.evaluator(aligned.module).curve(aligned.sd_a, aligned.sd_b, self.grid, progress, names)
         return pair_result(method, pair, names[0], names[1], curve, aligned.seconds, aligned.info)
 
@@ -258,9 +262,12 @@ def measure(pairs: Sequence[tuple[torch.nn.Module, torch.nn.Module]], data: Eval
             methods: Sequence[str] = ("none",), spec: Any = None, points: int | Sequence[float] = 11,
             device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
             names: Sequence[tuple[str, str]] | None = None, progress: Callable[[int], None] | None = None,
-            align_data: EvalData | None = None) -> dict[str, list[PairResult]]:
+            align_data: EvalData | None = None, align_validation: EvalData | None = None,
+            align_kw: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, list[PairResult]]:
     """Barriers of every pair under every method: ``{method: [PairResult per pair]}``.
-    ``align_data``: what data-driven methods align on (a train split).
+    ``align_data``: what data-driven methods align on (a train split);
+    ``align_validation``: where those that pick a step validate (a split other than
+    ``data``). ``align_kw``: per method, keywords for :func:`symspec.align` (``options``).
 
     ``progress(n)`` is called after each batch evaluated; the total is
     ``len(pairs) * len(methods) * points * len(data.batches)``.
@@ -272,12 +279,13 @@ def measure(pairs: Sequence[tuple[torch.nn.Module, torch.nn.Module]], data: Eval
     for m in methods:
         get_method(m)
     labels = list(names) if names is not None else [(f"A{i}", f"B{i}") for i in range(len(pairs))]
-    m = Measurer(data, points=points, device=device, dtype=dtype, align_data=align_data)
+    m = Measurer(data, points=points, device=device, dtype=dtype, align_data=align_data,
+                 align_validation=align_validation)
     out: dict[str, list[PairResult]] = {meth: [] for meth in dict.fromkeys(methods)}
     for i, (a, b) in enumerate(pairs):
         for j, meth in enumerate(out):
             out[meth].append(m.pair(a, b, method=meth, spec=spec, pair=i, names=labels[i], progress=progress,
-                                    check_data=j == 0))
+                                    check_data=j == 0, align_kw=(align_kw or {}).get(meth)))
     return out
 
 

@@ -28,7 +28,7 @@ import torch
 
 from symspec.data import EvalData, call_model
 from symspec.errors import SymspecInputError
-from symspec.statedict import interpolate_state_dicts
+from symspec.statedict import functional_names, interpolate_state_dicts
 
 Progress = Callable[[int], None]
 
@@ -90,34 +90,6 @@ def lerp_state(sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor
     tensors are taken from A. With ``out``, writes into its tensors. The one
     implementation is :func:`symspec.statedict.interpolate_state_dicts`."""
     return interpolate_state_dicts(sd_a, sd_b, lam, out)
-
-
-def functional_names(module: torch.nn.Module) -> tuple[list[str], dict[str, str]]:
-    """The state-dict names ``functional_call`` swaps in (one per tied tensor) and, for
-    each other name of a tie, the name it is tied to.
-
-    Only the module's state dict counts: a buffer outside it (non-persistent, such as
-    the rotary frequencies of Llama-style models or BERT's position ids) is in no
-    checkpoint and no interpolation, so ``functional_call`` keeps the module's own.
-
-    >>> import torch
-    >>> m = torch.nn.Linear(2, 2)
-    >>> m.register_buffer("scale", torch.ones(1), persistent=False)
-    >>> functional_names(m)
-    (['weight', 'bias'], {})
-    """
-    seen: dict[int, str] = {}
-    keep: list[str] = []
-    alias: dict[str, str] = {}
-    # keep_vars: the Parameters themselves, so that tied names share one identity
-    named = [(k, v) for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)]
-    for name, t in named:
-        if id(t) in seen:
-            alias[name] = seen[id(t)]
-        else:
-            seen[id(t)] = name
-            keep.append(name)
-    return keep, alias
 
 
 @attrs.frozen

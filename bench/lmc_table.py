@@ -19,7 +19,8 @@ time): ``python bench/lmc_table.py --readme``. Smoke test: ``python bench/lmc_ta
 Methods are the registered alignment methods (``symspec.alignment.method_names()``):
 vanilla averaging, weight matching with permutations only, weight matching with the
 full groups, universe matching, and whatever else is registered when the benchmark runs
-(data-driven methods align on the train split); ``--methods`` picks some. The ablation ``weight-perm-resid-fixed`` (permutations of heads and units,
+(data-driven methods align on the train split; learned matching runs 500 steps of 64
+sequences or images and picks its step on the val split); ``--methods`` picks some. The ablation ``weight-perm-resid-fixed`` (permutations of heads and units,
 the residual stream left as it is) runs only when named:
 ``python bench/lmc_table.py --tasks vit --methods none,weight-perm,weight-perm-resid-fixed,weight
 --out bench/results/lmc_ablation.json --results bench/results/ablation``.
@@ -46,6 +47,8 @@ import trained  # noqa: E402
 
 from symspec import __version__  # noqa: E402
 from symspec.alignment import get_method, method_names, register_method  # noqa: E402
+from symspec.alignment import LearnedOptions  # noqa: E402
+from symspec.alignment.learned import LearnedMatching  # noqa: E402
 from symspec.alignment.methods import WeightMatching  # noqa: E402
 from symspec.analyzers.barrier import (  # noqa: E402
     PairResult,
@@ -71,7 +74,8 @@ ORDER = ("none", "weight-perm", "weight", "universe")
 TASKS = {"gpt": "nanogpt", "vit": "vit"}
 README_BEGIN = "<!-- lmc-table:begin -->"
 README_END = "<!-- lmc-table:end -->"
-DEFAULT_METHODS = ("none", "weight-perm", "weight")
+#: learned matching's steps per pair (full run, --quick)
+LEARNED_STEPS = {False: 500, True: 20}
 
 
 def _pm(mean: float, se: float | None, digits: int = 2) -> str:
@@ -86,6 +90,11 @@ def task_label(task: str, data: str) -> str:
         name = "Tiny Shakespeare" if Path(arg).name == "tinyshakespeare.txt" else Path(arg).name
         return f"{name} GPT"
     return ("MNIST" if kind == "mnist" else kind) + " ViT"
+
+
+def learned_options(method: LearnedMatching, quick: bool) -> LearnedOptions:
+    """Learned matching's settings here: batches of 64 examples, the default rate."""
+    return LearnedOptions(steps=LEARNED_STEPS[quick], batch_size=64, permutations=method.permutations)
 
 
 def run_task(task: str, data: str, pairs: int, methods: list[str], points: int, quick: bool, log: Any,
@@ -103,7 +112,13 @@ def run_task(task: str, data: str, pairs: int, methods: list[str], points: int, 
     start = time.perf_counter()
     train = (trained.split(recipe_name, data, recipe, models[0][0], "train", batch=512)
              if any(get_method(m).needs_data for m in methods) else None)
-    results = measure(model_pairs, test, methods=methods, spec=spec, points=points, names=names, align_data=train)
+    # learned matching picks its step on the val split (the barrier is measured on test)
+    val = (trained.split(recipe_name, data, recipe, models[0][0], "val", batch=512)
+           if any(getattr(get_method(m), "validates", False) for m in methods) else None)
+    align_kw = {m: {"options": learned_options(get_method(m), quick)} for m in methods
+                if isinstance(get_method(m), LearnedMatching)}
+    results = measure(model_pairs, test, methods=methods, spec=spec, points=points, names=names, align_data=train,
+                      align_validation=val, align_kw=align_kw)
     seconds = time.perf_counter() - start
     endpoints = []
     for model, meta in models:

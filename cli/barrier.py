@@ -107,8 +107,15 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
             notes.append(_warn("warning: evaluating on the train split that data-driven methods align on"))
         align_data = load_data(data_arg, model=first.model, module=hooks_module(first, factory), split="train",
                                batch_size=batch_size, max_samples=max_samples, model_dir=first.source)
+    align_validation = None
+    if split == "test" and any(getattr(m, "validates", False) for m in chosen):
+        # methods that pick a step (learned matching) validate on the val split, never on
+        # the evaluated one (evaluated on val, they hold out part of the train split)
+        align_validation = load_data(data_arg, model=first.model, module=hooks_module(first, factory), split="val",
+                                     batch_size=batch_size, max_samples=max_samples, model_dir=first.source)
     dtype = {"float32": torch.float32, "float64": torch.float64}[dtype_name] if dtype_name else None
-    measurer = Measurer(data, points=points, device=device, dtype=dtype, align_data=align_data)
+    measurer = Measurer(data, points=points, device=device, dtype=dtype, align_data=align_data,
+                        align_validation=align_validation)
     results = _measure(measurer, loaded, all_pairs, methods, spec)
     report = BarrierReport.build(data, results, device=device, dtype=str(measurer.evaluated_dtype),
                                  seconds=time.perf_counter() - started, notes=notes)

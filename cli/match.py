@@ -105,6 +105,9 @@ class _Progress:
         elif event.kind == "space":
             self.bar.update(self.task, description=f"round {event.round}/{event.rounds}: {event.space}, objective {event.objective:.4g}",
                             completed=event.done, total=event.total)
+        elif event.kind == "step":
+            self.bar.update(self.task, description=f"learning: step {event.round}/{event.rounds}, loss {event.objective:.4g}",
+                            completed=event.done, total=event.total)
         elif event.kind == "round":
             self.bar.update(self.task, description=f"round {event.round} done: objective {event.objective:.4g}", completed=event.total)
 
@@ -150,15 +153,40 @@ def default_method(method: str | None, data_arg: str | None) -> str:
     return DATA_DEFAULT if data_arg is not None else "weight"
 
 
+LEARN_FLAGS = {"learn_steps": ("--steps", "steps"), "learn_epochs": ("--epochs", "epochs"), "learn_lr": ("--lr", "lr"),
+               "learn_batch_size": ("--batch-size", "batch_size"), "learn_lambda": ("--lambda", "lam"),
+               "learn_permutations": ("--permutations", "permutations"), "learn_seed": ("--seed", "seed")}
+
+
+def learned_options(method: str, learn: dict[str, Any]) -> Any:
+    """The learned-matching flags as :class:`~symspec.alignment.LearnedOptions` (None when
+    none is given); refused for other methods."""
+    given = {k: v for k, v in learn.items() if v is not None}
+    if not given:
+        return None
+    from symspec.alignment import LearnedOptions, get_method
+    from symspec.alignment.learned import LearnedMatching
+
+    m = get_method(method)
+    if not isinstance(m, LearnedMatching):
+        flags = ", ".join(LEARN_FLAGS[k][0] for k in given)
+        raise _input_error(f"{flags}: for --method learned (or learned-perm), not '{method}'")
+    if "learn_steps" in given and "learn_epochs" in given:
+        raise _input_error("--steps and --epochs: give one of them")
+    return LearnedOptions(**{"permutations": m.permutations, **{LEARN_FLAGS[k][1]: v for k, v in given.items()}})
+
+
 def _align(la: Any, lb: Any, spec: Any, method: str | None, data_arg: str | None, factory: str | None,
-           progress: _Progress, **kw: Any) -> Any:
+           progress: _Progress, learn: dict[str, Any] | None = None, **kw: Any) -> Any:
     """B aligned to A by the registered ``method``; data-driven methods get the train split
-    of ``--data``. B's canonical copy is not kept (one copy of B less on large models)."""
+    of ``--data`` (and those that pick a step, the val split to pick it on). B's canonical
+    copy is not kept (one copy of B less on large models)."""
     from symspec.alignment import align, get_method
     from symspec.errors import SymspecInputError
 
     m = get_method(default_method(method, data_arg))
-    data = None
+    options = learned_options(m.name, learn or {})
+    data = validation = None
     if data_arg is not None or m.needs_data:
         if not m.needs_data:
             raise SymspecInputError(f"--data is for data-driven methods; '{m.name}' ({m.label}) reads none")
@@ -166,8 +194,12 @@ def _align(la: Any, lb: Any, spec: Any, method: str | None, data_arg: str | None
 
         progress.phase("loading data")
         data = load_data(data_arg, model=la.model, module=hooks_module(la, factory), split="train", model_dir=la.source)
+        if getattr(m, "validates", False):
+            validation = load_data(data_arg, model=la.model, module=hooks_module(la, factory), split="val",
+                                   model_dir=la.source)
     progress.phase("binding and canonicalising")
-    return align(la.model, lb.model, spec, method=m, data=data, progress=progress, keep_canonical_b=False, **kw)
+    return align(la.model, lb.model, spec, method=m, data=data, validation=validation, progress=progress,
+                 keep_canonical_b=False, options=options, **kw)
 
 
 def _summary(command: str, a: str, b: str, out: Path, files: list[str], result: Any, extra: dict[str, Any]) -> dict[str, Any]:
@@ -225,6 +257,19 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--rounds", default=10, show_default=True, type=click.IntRange(0, 10000), help="At most this many rounds of the method's iteration."),
         click.option("--tol", default=1e-6, show_default=True, type=FiniteFloat(0), help="Stop once a round improves the objective by less than this (relative)."),
         click.option("--device", default="cpu", show_default=True, help="Where the dense work runs: cpu or cuda."),
+        click.option("--steps", "learn_steps", type=click.IntRange(min=1), metavar="N",
+                     help="learned: optimisation steps.  [default: 500, or --epochs]"),
+        click.option("--epochs", "learn_epochs", type=FiniteFloat(0), metavar="E",
+                     help="learned: passes over the train split instead of --steps."),
+        click.option("--lr", "learn_lr", type=FiniteFloat(0), help="learned: peak learning rate of AdamW.  [default: 1e-2]"),
+        click.option("--batch-size", "learn_batch_size", type=click.IntRange(min=1),
+                     help="learned: examples per step.  [default: the data's batches]"),
+        click.option("--lambda", "learn_lambda", metavar="narrow|uniform|fixed:X",
+                     help="learned: where lambda is drawn: narrow U(0.4, 0.6), uniform U(0, 1), or fixed:X.  [default: narrow]"),
+        click.option("--permutations", "learn_permutations", type=click.Choice(["frozen", "ste", "sinkhorn"]),
+                     help="learned: permutations kept at weight matching's, learned with a straight-through "
+                          "estimator, or Sinkhorn soft permutations annealed to hard.  [default: frozen]"),
+        click.option("--seed", "learn_seed", type=int, help="learned: the seed of batch order and lambdas.  [default: 0]"),
         click.option("--model", "factory", metavar="MODEL.py", help="For state-dict checkpoints: the model file whose build() makes their module."),
         click.option("--force", is_flag=True, help="Replace an existing output folder."),
         click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables."),
@@ -241,9 +286,10 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @handle_errors
 def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, method: str | None, data_arg: str | None,
               groups: str | None, rounds: int, tol: float, device: str, factory: str | None, force: bool,
-              as_json: bool) -> None:
+              as_json: bool, **learn: Any) -> None:
     """Align model B to model A under a spec, with any registered method (default: weight
-    matching, data-free).
+    matching, data-free; learned matching: --method learned --data SOURCE, with --steps,
+    --lr, --lambda, ...).
 
     A and B: model files, Hugging Face folders, or state dicts / safetensors with --model.
     Writes into OUT: B aligned, in B's own format (a Hugging Face folder stays one; a
@@ -254,10 +300,11 @@ def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, metho
     _quiet_threads()
     check_output(out, force, [model_a, model_b, factory, spec_arg, *data_inputs(data_arg)])
     dev = _device(device)
+    learned_options(default_method(method, data_arg), learn)  # bad flags fail before any loading
     with _Progress(True) as progress:
         la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
-        result = _align(la, lb, spec, method, data_arg, factory, progress, groups=groups, rounds=rounds, tol=tol,
-                        device=dev)
+        result = _align(la, lb, spec, method, data_arg, factory, progress, learn, groups=groups, rounds=rounds,
+                        tol=tol, device=dev)
         progress.phase("writing")
         files: list[str] = []
         data = _summary("match", model_a, model_b, out, files, result, {"groups": result.record.meta["groups"]})
@@ -279,7 +326,7 @@ def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, metho
 def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg: str | None, out: Path,
               method: str | None,
               data_arg: str | None, groups: str | None, rounds: int, tol: float, device: str, factory: str | None,
-              force: bool, as_json: bool) -> None:
+              force: bool, as_json: bool, **learn: Any) -> None:
     """Write the interpolation (1 - alpha) A + alpha B, with B aligned to A first.
 
     The merged model keeps A's class and format; aligned, it is in canonical form (norm
@@ -294,6 +341,7 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
     check_output(out, force, [model_a, model_b, factory, spec_arg, *data_inputs(data_arg)])
     dev = _device(device)
     method = "none" if no_align else default_method(method, data_arg)
+    learned_options(method, learn)  # bad flags fail before any loading
     # a method that does not use canonical forms (vanilla averaging) merges the raw weights
     no_align = not get_method(method).canonical
     with _Progress(True) as progress:
@@ -320,8 +368,8 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
             result = None
         else:
             la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
-            result = _align(la, lb, spec, method, data_arg, factory, progress, groups=groups, rounds=rounds, tol=tol,
-                            device=dev)
+            result = _align(la, lb, spec, method, data_arg, factory, progress, learn, groups=groups, rounds=rounds,
+                            tol=tol, device=dev)
             merged = result.interpolate(alpha)
         progress.phase("writing")
         files: list[str] = []

@@ -108,3 +108,31 @@ def detached_state(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[
     if isinstance(model, torch.nn.Module):
         return {k: v.detach() for k, v in model.state_dict().items()}
     return dict(model)
+
+
+def functional_names(module: torch.nn.Module) -> tuple[list[str], dict[str, str]]:
+    """The state-dict names ``functional_call`` swaps in (one per tied tensor) and, for
+    each other name of a tie, the name it is tied to.
+
+    Only the module's state dict counts: a buffer outside it (non-persistent, such as
+    the rotary frequencies of Llama-style models or BERT's position ids) is in no
+    checkpoint and no interpolation, so ``functional_call`` keeps the module's own.
+
+    >>> import torch
+    >>> m = torch.nn.Linear(2, 2)
+    >>> m.register_buffer("scale", torch.ones(1), persistent=False)
+    >>> functional_names(m)
+    (['weight', 'bias'], {})
+    """
+    seen: dict[int, str] = {}
+    keep: list[str] = []
+    alias: dict[str, str] = {}
+    # keep_vars: the Parameters themselves, so that tied names share one identity
+    named = [(k, v) for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)]
+    for name, t in named:
+        if id(t) in seen:
+            alias[name] = seen[id(t)]
+        else:
+            seen[id(t)] = name
+            keep.append(name)
+    return keep, alias

@@ -4,7 +4,8 @@
   (:class:`Endpoint`, :class:`AlignOptions`, :class:`Alignment`);
 - :mod:`.registry`: which methods exist (:func:`register_method`, :func:`get_method`,
   :func:`method_names`; plugins through the ``symspec.methods`` entry points);
-- :mod:`.methods`: the built-in ones (``none``, ``weight``, ``weight-perm``);
+- :mod:`.methods`: the built-in ones (``none``, ``weight``, ``weight-perm``,
+  ``universe``, the data-driven :mod:`.activation` ones, :mod:`.learned`);
 - :mod:`.api`: :func:`align`, the pipeline every method runs in (bind, check,
   canonicalise, restrict, solve, transform, record), and its :class:`AlignResult`.
 
@@ -23,7 +24,7 @@ _EXPORTS = {
     "registered": "registry", "unregister_method": "registry",
     "AlignResult": "api", "align": "api", "canonical_module": "api", "check_same_problem": "api",
     "mode_text": "api", "weight_distance": "api", "DATA_DEFAULT": "methods",
-    "ActivationOptions": "activation",
+    "ActivationOptions": "activation", "LearnedOptions": "learned",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -226,8 +226,8 @@ def _record(bound: BoundSpec, method: Method, elements: Mapping[str, Element], s
 def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str | Path, *,
           method: str | Method = "weight", groups: str | Mapping[str, str] | None = None, rounds: int = 10,
           tol: float = 1e-6, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-          data: Any = None, progress: Any = None, config: Any = None, keep_canonical_b: bool = True,
-          options: Any = None) -> AlignResult:
+          data: Any = None, validation: Any = None, progress: Any = None, config: Any = None,
+          keep_canonical_b: bool = True, options: Any = None) -> AlignResult:
     """Align ``model_b`` to ``model_a`` under ``spec`` with a registered ``method``
     (:func:`symspec.alignment.method_names`; ``"weight"``: weight matching, data-free).
 
@@ -239,7 +239,9 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     rounds, fewer once a round gains less than ``tol`` (relative). ``device``: where the
     dense work runs. ``dtype``: the working precision (default: A's; float32 for float16
     and bfloat16 weights; the state dicts returned keep every input's dtype). ``data``:
-    evaluation data for the methods that need it. ``progress``: called with a
+    evaluation data for the methods that need it (a train split); ``validation``: held-out
+    data for the methods that pick a step (learned matching; None: they hold out part of
+    ``data``). ``progress``: called with a
     :class:`~symspec.solvers.MatchEvent` after every solved space and round.
     ``keep_canonical_b=False`` saves one copy of B where the method can work in place
     (``canonical_b`` is then None). ``options``: the method's own knobs (for weight
@@ -256,7 +258,8 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     searched_problem = restrict_problem(problem, modes)
     ea, eb = _endpoints(pair, m, model_a, model_b)
     work_dtype = dtype or working_dtype(next((pair.a[p].dtype for p in problem.params), torch.float64))
-    opts = AlignOptions(rounds=rounds, tol=tol, device=device, dtype=dtype, data=data, progress=progress,
+    opts = AlignOptions(rounds=rounds, tol=tol, device=device, dtype=dtype, data=data, validation=validation,
+                        progress=progress,
                         timer=timer, tuning=options, consume_b=not keep_canonical_b)
     found = m.align(searched_problem, ea, eb, opts)
     elements = {s: embed(problem.spaces[s].group, searched_problem.spaces[s].group, e, work_dtype)

@@ -47,7 +47,9 @@ class AlignOptions:
     round gains less than ``tol`` (relative). ``device``/``dtype``: where the dense work
     runs and in which precision (None: the weights'). ``init``: a starting element per
     space (universe matching warm-starts from the previous round). ``data``: evaluation
-    data (:class:`symspec.data.EvalData`, its train split) for the methods that need it.
+    data (:class:`symspec.data.EvalData`, its train split) for the methods that need it;
+    ``validation``: held-out data (the val split) for the methods that select a step
+    (learned matching), None to let them hold out part of ``data``.
     ``progress``: called with :class:`~symspec.solvers.MatchEvent` values. ``timer``: a
     :class:`~symspec.solvers.Timer` the method adds its phases to. ``tuning``: the
     method's own knobs (an options object it documents, e.g.
@@ -61,6 +63,7 @@ class AlignOptions:
     dtype: torch.dtype | None = None
     init: Mapping[str, Element] | None = None
     data: Any = None
+    validation: Any = None
     progress: Callable[[Any], None] | None = None
     timer: Any = None
     tuning: Any = None
@@ -92,7 +95,9 @@ class Method(Protocol):
     forms (False only for vanilla averaging, which interpolates the weights as they are).
     ``needs_data``: it reads ``options.data``. ``needs_module``: its endpoints must carry
     their modules. ``groups``: the searched groups when the user gives none (``"perm"``
-    for the permutation-only ablation; None: the spec's full groups)."""
+    for the permutation-only ablation; None: the spec's full groups). Optional:
+    ``validates`` (True for a method that picks its result on ``options.validation``;
+    callers then give it a split other than the one they evaluate on)."""
 
     name: str
     label: str

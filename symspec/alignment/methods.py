@@ -6,9 +6,10 @@
 - ``weight-perm``: the same restricted to permutations (the paper's ablation);
 - ``universe``: universe matching of the pair (:mod:`symspec.universe.method`);
 - ``activation``, ``weight+activation``, ``weight-tokens``: the data-driven methods
-  (:mod:`.activation`).
-
-Learned matching registers here the same way.
+  (:mod:`.activation`);
+- ``learned``: learned matching, the element trained for the loss of the interpolated
+  model (:mod:`.learned`); ``learned-perm``: the same over the permutations only, learned
+  with a straight-through estimator (the paper's ablation).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import attrs
 
 from ..universe.method import UniverseMatching
 from .activation import ActivationMatching, TokenWeightedMatching
+from .learned import LearnedMatching
 from .method import Alignment, AlignOptions, Endpoint
 from .registry import register_method
 
@@ -73,6 +75,9 @@ ACTIVATION = register_method(ActivationMatching())
 WEIGHT_ACTIVATION = register_method(ActivationMatching(name="weight+activation", label="weight + activation matching",
                                                        combine=True))
 WEIGHT_TOKENS = register_method(TokenWeightedMatching())
+LEARNED = register_method(LearnedMatching())
+LEARNED_PERM = register_method(LearnedMatching(name="learned-perm", label="learned matching, permutations only",
+                                               groups="perm", permutations="ste"))
 
 #: what ``symspec match``/``merge`` align with when given ``--data`` and no ``--method``:
 #: the data-driven method with the lowest loss barrier on the LMC benchmark's trained

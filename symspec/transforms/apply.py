@@ -6,21 +6,26 @@ The input is never modified. Tensors that no given element touches are passed th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 import torch
 
-from ..groups import Element
+from ..groups import Element, Path, Variance
 from ..problem import ParamBinding, Problem
 from ..statedict import storage_key
 
+#: a dense action in place of a group's ``apply``: ``action(x, path, variance) -> y``
+Action = Callable[[torch.Tensor, Path, Variance], torch.Tensor]
+
 
 def transform_tensor(problem: Problem, binding: ParamBinding, x: torch.Tensor,
-                     elements: Mapping[str, Element]) -> torch.Tensor:
-    """The transformed value of one bound parameter (spaces without an element: identity)."""
+                     elements: Mapping[str, Element], actions: Mapping[str, Action] | None = None) -> torch.Tensor:
+    """The transformed value of one bound parameter (spaces without an element: identity).
+    ``actions``: per space, a callable ``(x, path, variance) -> y`` used instead of the
+    group's ``apply`` (learned matching's soft and straight-through permutations)."""
     for ab in binding.axes:
-        if not any(f.space in elements for s in ab.segments for f in s.factors):
+        if not any(f.space in elements or (actions and f.space in actions) for s in ab.segments for f in s.factors):
             continue
         moved = x.movedim(ab.axis, 0)
         if ab.layout is not None:  # a head-major axis: act in the concatenated order
@@ -29,6 +34,10 @@ def transform_tensor(problem: Problem, binding: ParamBinding, x: torch.Tensor,
         for seg in ab.segments:
             y = moved[seg.start : seg.stop]
             for f in reversed(seg.factors):
+                act = actions.get(f.space) if actions else None
+                if act is not None:
+                    y = act(y, f.path, f.variance)
+                    continue
                 e = elements.get(f.space)
                 if e is None:
                     continue
@@ -43,8 +52,11 @@ def transform_tensor(problem: Problem, binding: ParamBinding, x: torch.Tensor,
 
 
 def apply_elements(problem: Problem, elements: Mapping[str, Element],
-                   state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Act with ``elements`` (space instance name -> element) on ``state_dict``.
+                   state_dict: Mapping[str, torch.Tensor],
+                   actions: Mapping[str, Action] | None = None) -> dict[str, torch.Tensor]:
+    """Act with ``elements`` (space instance name -> element) on ``state_dict``
+    (``actions``: see :func:`transform_tensor`). Differentiable in the elements' floating
+    fields and in the state dict.
 
     Tied entries (``problem.ties``) that arrive as one shared tensor leave as one
     shared tensor.
@@ -58,14 +70,14 @@ def apply_elements(problem: Problem, elements: Mapping[str, Element],
     for name, binding in problem.params.items():
         if name not in state_dict:
             continue
-        if not binding.spaces() & set(elements):
+        if not binding.spaces() & (set(elements) | set(actions or ())):
             continue
         src = state_dict[name]
         key = storage_key(src)
         if name in tie_of and key in done:
             out[name] = done[key]
             continue
-        y = transform_tensor(problem, binding, src, elements)
+        y = transform_tensor(problem, binding, src, elements, actions)
         out[name] = y.contiguous() if y is not src else y.clone()
         if name in tie_of:
             done[key] = out[name]

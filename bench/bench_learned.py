@@ -1,0 +1,106 @@
+"""Learned matching's variants, measured on the LMC benchmark's first pair of each task.
+
+Which parametrisation of the orthogonal residual trains better (``exp``: g0 exp(X - X^T),
+or ``polar``: the polar factor of a free latent), and whether learning the permutations
+(straight-through estimator, Sinkhorn) changes them or the barrier (the paper finds it
+barely does). For each variant: the loss barrier on the test split (11 points), the best
+midpoint loss on the val split, the wall time, how far the residual map moved from weight
+matching's (largest eigen-angle of O_learned O_wm^T), the fraction of FF units whose
+permutation changed, the worst condition number of the per-head GL maps. Weight
+matching's barrier on the same pair is the reference.
+
+    python bench/bench_learned.py                 # both tasks, 300 steps each variant
+    python bench/bench_learned.py --tasks gpt --steps 100
+
+Writes bench/results/learned_variants.json. Uses the checkpoints bench/lmc_table.py
+trains (bench/cache; trained here the first time) and ../shared/data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import trained  # noqa: E402
+
+from symspec.alignment import LearnedOptions  # noqa: E402
+from symspec.analyzers.barrier import Measurer  # noqa: E402
+from symspec.outputs import atomic_write_text  # noqa: E402
+
+TASKS = {"gpt": ("nanogpt", f"text:{trained.DEFAULT_TEXT}"), "vit": ("vit", f"mnist:{trained.DEFAULT_MNIST}")}
+VARIANTS = {"exp": ("exp", "frozen"), "polar": ("polar", "frozen"), "exp+ste": ("exp", "ste"),
+            "exp+sinkhorn": ("exp", "sinkhorn")}
+
+
+def summarize(info: dict[str, Any]) -> dict[str, Any]:
+    spaces = info.get("spaces", {})
+    angles = [d["max_angle_from_start"] for d in spaces.values() if "max_angle_from_start" in d]
+    moved = [d["moved"] for s, d in spaces.items() if "moved" in d and s.startswith("ff")]
+    return {"best_val_midpoint": info["best_val_midpoint_loss"], "best_step": info["best_step"],
+            "start_val_midpoint": info["val_midpoint_loss"][0][1],
+            "resid_max_angle": max(angles) if angles else None,
+            "ff_moved": (sum(moved) / len(moved)) if moved else 0.0,
+            "max_condition": info.get("max_condition"), "check_max_rel": info["check"]["max_rel"]}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", default="gpt,vit")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "learned_variants.json")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = []
+    print(f"{'task':<5} {'variant':<13} {'barrier':>8} {'val mid':>8} {'start':>8} {'seconds':>8} {'angle':>6} "
+          f"{'ff moved':>8} {'max cond':>9}")
+    for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
+        spec, data = TASKS[task]
+        recipe = trained.RECIPES[task]
+        models = trained.trained_models(task, [0, 1], data, log=lambda m: print(m, flush=True))
+        a, b = models[0][0], models[1][0]
+        split = {s: trained.split(task, data, recipe, a, s, batch=512) for s in ("train", "val", "test")}
+        m = Measurer(split["test"], points=11, align_data=split["train"], align_validation=split["val"])
+        t0 = time.perf_counter()
+        ref = m.pair(a, b, method="weight", spec=spec)
+        rows.append({"task": task, "variant": "weight matching", "barrier": ref.barrier.value,
+                     "seconds": time.perf_counter() - t0})
+        print(f"{task:<5} {'weight':<13} {ref.barrier.value:>8.3f}", flush=True)
+        for name in [v.strip() for v in args.variants.split(",") if v.strip()]:
+            orth, perms = VARIANTS[name]
+            opts = LearnedOptions(steps=args.steps, batch_size=args.batch_size, lr=args.lr, orthogonal=orth,
+                                  permutations=perms)
+            t0 = time.perf_counter()
+            r = m.pair(a, b, method="learned", spec=spec, align_kw={"options": opts})
+            seconds = time.perf_counter() - t0
+            facts = summarize(dict(r.align_info["info"]))
+            rows.append({"task": task, "variant": name, "barrier": r.barrier.value, "seconds": seconds, **facts})
+            angle = facts["resid_max_angle"]
+            print(f"{task:<5} {name:<13} {r.barrier.value:>8.3f} {facts['best_val_midpoint']:>8.3f} "
+                  f"{facts['start_val_midpoint']:>8.3f} {seconds:>8.1f} {angle if angle is not None else float('nan'):>6.3f} "
+                  f"{facts['ff_moved']:>8.3f} {facts['max_condition'] or float('nan'):>9.1f}", flush=True)
+    doc = {"schema": "symspec.bench_learned/1", "command": shlex.join(["python", "bench/bench_learned.py", *(argv if argv is not None else sys.argv[1:])]),
+           "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+           "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out, json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return doc
+
+
+if __name__ == "__main__":
+    main()

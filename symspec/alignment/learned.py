@@ -1,0 +1,414 @@
+"""Learned matching: the group element trained for the loss of the interpolated model.
+
+The paper's Algorithm 1 (DESIGN §7), as a method of the registry, for any spec:
+
+    minimise over g:  E_{lambda, batch} L( f( (1 - lambda) A + lambda g.B ; batch ) )
+
+with A and B in canonical form and ``g`` one element per space, parametrised so that
+every iterate is an element of the space's group (:mod:`symspec.solvers.parametrize`),
+started at weight matching's solution (or at ``options.init``). The model is evaluated
+with ``torch.func.functional_call`` on one module instance (A's class in canonical form)
+holding the interpolated tensors, so the path is one of the architecture's own models
+(the paper's code widens every head and replaces LayerNorm to interpolate).
+
+- lambda from a sampler: ``narrow`` (U(0.4, 0.6), the paper's and the default),
+  ``uniform`` (U(0, 1)), ``fixed:X``;
+- AdamW on the latents, linear warm-up then cosine decay; ``steps`` or ``epochs`` over
+  the train split, in batches of ``batch_size`` examples (the data's own by default);
+- every ``eval_every`` steps the loss at the midpoint (lambda = 0.5) on the validation
+  split (``options.validation``; without one the last tenth of the train batches is
+  held out), with the element projected exactly onto its group; the best element seen
+  (weight matching's included) is the result;
+- deterministic given ``seed`` (batch order and lambdas from one generator);
+- at the end, aligned B must compute B's function on a few examples (float64, relative
+  tolerance 1e-9 scaled by the worst condition number reached): a failure raises, it is
+  never returned. The check is in ``info["check"]``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..errors import SymspecInputError
+from .method import Alignment, AlignOptions, Endpoint
+
+if TYPE_CHECKING:  # torch only when the method runs: the CLI lists methods cheaply
+    import torch
+
+    from ..groups import Element
+    from ..problem import Problem
+
+__all__ = ["LAMBDA_SAMPLERS", "LearnedMatching", "LearnedOptions", "lambda_sampler"]
+
+LAMBDA_SAMPLERS = ("narrow", "uniform", "fixed:X")
+
+
+def lambda_sampler(text: str) -> tuple[float, float]:
+    """The interval lambda is drawn from: ``narrow`` (0.4, 0.6), ``uniform`` (0, 1),
+    ``fixed:X`` (X, X).
+
+    >>> lambda_sampler("narrow"), lambda_sampler("fixed:0.5")
+    ((0.4, 0.6), (0.5, 0.5))
+    """
+    t = text.strip().lower()
+    if t == "narrow":
+        return 0.4, 0.6
+    if t == "uniform":
+        return 0.0, 1.0
+    if t.startswith("fixed:"):
+        try:
+            x = float(t.split(":", 1)[1])
+        except ValueError:
+            x = math.nan
+        if not 0.0 <= x <= 1.0:  # also refuses NaN
+            raise SymspecInputError(f"--lambda {text}: fixed:X needs a number X in [0, 1]")
+        return x, x
+    raise SymspecInputError(f"--lambda {text}: use narrow, uniform or fixed:X")
+
+
+@attrs.frozen
+class LearnedOptions:
+    """Knobs of learned matching (see the module). ``steps``/``epochs``: the length of the
+    run (``steps`` wins; neither: 500 steps). ``lr``: AdamW's peak learning rate (the
+    latents are angles and log-scales, so the rate is in their units);
+    ``warmup``: the fraction of steps of linear warm-up; ``weight_decay`` on the latents
+    (toward the start). ``batch_size``: examples per step (None: the data's batches).
+    ``lam``: the lambda sampler. ``permutations``: ``frozen``, ``ste`` or ``sinkhorn``;
+    ``orthogonal``: ``exp`` or ``polar``. ``eval_every``: steps between validations;
+    ``val_batches``: at most this many validation batches per validation. ``seed``.
+    ``check_examples``: examples of the final function check. ``solver``: weight
+    matching's knobs for the start (:class:`~symspec.solvers.WeightOptions`)."""
+
+    steps: int | None = None
+    epochs: float | None = None
+    lr: float = 1e-2
+    warmup: float = 0.05
+    weight_decay: float = 0.0
+    batch_size: int | None = None
+    lam: str = "narrow"
+    permutations: str = "frozen"
+    orthogonal: str = "exp"
+    eval_every: int = 50
+    val_batches: int | None = 8
+    seed: int = 0
+    check_examples: int = 8
+    solver: Any = None
+
+    def __attrs_post_init__(self) -> None:
+        from ..solvers.parametrize import ORTHOGONAL, PERMUTATIONS
+
+        lambda_sampler(self.lam)
+        if self.steps is not None and self.steps < 1:
+            raise SymspecInputError(f"steps must be at least 1, got {self.steps}")
+        if self.epochs is not None and not self.epochs > 0:
+            raise SymspecInputError(f"epochs must be positive, got {self.epochs}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise SymspecInputError(f"lr must be a positive number, got {self.lr}")
+        if not 0 <= self.warmup < 1:
+            raise SymspecInputError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise SymspecInputError(f"batch size must be at least 1, got {self.batch_size}")
+        if self.eval_every < 1:
+            raise SymspecInputError(f"eval_every must be at least 1, got {self.eval_every}")
+        if self.permutations not in PERMUTATIONS:
+            raise SymspecInputError(f"permutations: use {', '.join(PERMUTATIONS)}, got {self.permutations!r}")
+        if self.orthogonal not in ORTHOGONAL:
+            raise SymspecInputError(f"orthogonal: use {', '.join(ORTHOGONAL)}, got {self.orthogonal!r}")
+
+
+def _options(tuning: Any, permutations: str) -> LearnedOptions:
+    """``tuning`` as :class:`LearnedOptions`: itself, or weight matching's knobs alone
+    (with the method's own default ``permutations``)."""
+    if isinstance(tuning, LearnedOptions):
+        return tuning
+    return LearnedOptions(solver=tuning, permutations=permutations)
+
+
+def _rows(x: Any, i: int, j: int) -> Any:
+    """Examples ``i:j`` of batch inputs or targets (tensors, mappings, tuples, lists)."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x[i:j]
+    if isinstance(x, Mapping):
+        return {k: _rows(v, i, j) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_rows(v, i, j) for v in x)
+    return x
+
+
+def _rebatch(batches: list[tuple[Any, Any]], size: int | None) -> list[tuple[Any, Any]]:
+    """The data's batches cut into batches of at most ``size`` examples."""
+    from ..data.base import batch_len
+
+    if size is None:
+        return list(batches)
+    out = []
+    for inputs, targets in batches:
+        n = batch_len(targets)
+        for i in range(0, n, size):
+            out.append((_rows(inputs, i, i + size), _rows(targets, i, i + size)))
+    return out
+
+
+def _schedule(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up to 1, then cosine decay to 0 (multiplier of the peak rate)."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    span = max(total - warmup, 1)
+    return 0.5 * (1 + math.cos(math.pi * min(step - warmup, span) / span))
+
+
+class _Run:
+    """One learned-matching run: the module, the endpoints on the device, the data."""
+
+    def __init__(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions, opts: LearnedOptions) -> None:
+        import torch
+
+        from ..statedict import functional_names
+
+        assert a.module is not None
+        self.problem = problem
+        self.device = torch.device(options.device)
+        module = a.module
+        if any(p.device != self.device for p in module.parameters()):
+            module = copy.deepcopy(module).to(self.device)
+        self.module = module.eval()
+        self.names, _ = functional_names(self.module)
+        self.dtype = next((p.dtype for p in self.module.parameters() if p.is_floating_point()), torch.float32)
+        own = self.module.state_dict()
+        self.a = {k: a.state[k].detach().to(self.device, own[k].dtype) for k in self.names if k in a.state}
+        self.b = {k: b.state[k].detach().to(self.device, own[k].dtype) for k in self.names if k in b.state}
+        missing = [k for k in self.names if k not in self.a or k not in self.b]
+        if missing:
+            raise SymspecInputError(f"learned matching: the endpoints lack {', '.join(missing[:3])}")
+
+    def inputs(self, x: Any) -> Any:
+        from ..data.base import move
+
+        return move(x, self.device, self.dtype)
+
+    def weights(self, aligned: Mapping[str, torch.Tensor], lam: float) -> dict[str, torch.Tensor]:
+        import torch
+
+        out = {}
+        for k, va in self.a.items():
+            vb = aligned[k]
+            out[k] = torch.lerp(va, vb.to(va.dtype), lam) if va.is_floating_point() else va
+        return out
+
+    def loss(self, data: Any, weights: Mapping[str, torch.Tensor], batch: tuple[Any, Any]) -> torch.Tensor:
+        import torch
+
+        from ..data import call_model
+
+        inputs, targets = batch
+        out = call_model(lambda *x, **k: torch.func.functional_call(self.module, dict(weights), x, k), self.inputs(inputs))
+        return data.loss(out, targets.to(self.device))
+
+    def aligned(self, elements: Mapping[str, Element], actions: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
+        from ..transforms import apply_elements
+
+        return apply_elements(self.problem, elements, self.b, actions)
+
+    def midpoint(self, data: Any, elements: Mapping[str, Element], batches: list[tuple[Any, Any]]) -> float:
+        """Mean loss at lambda = 0.5 over ``batches`` (weighted by their targets)."""
+        import torch
+
+        with torch.no_grad():
+            w = self.weights(self.aligned(elements), 0.5)
+            total, count = 0.0, 0
+            for batch in batches:
+                n = int(batch[1].numel())
+                total += float(self.loss(data, w, batch)) * n
+                count += n
+        return total / max(count, 1)
+
+
+def _check_function(run: _Run, b_state: Mapping[str, torch.Tensor], elements: Mapping[str, Element],
+                    batch: tuple[Any, Any], examples: int, cond: float) -> dict[str, Any]:
+    """Aligned B against B on ``examples`` examples, in float64."""
+    import torch
+
+    from ..checker import DEFAULT_RTOL, compare, flatten_outputs
+    from ..data import call_model
+    from ..data.base import move
+    from ..transforms import apply_elements
+
+    module = copy.deepcopy(run.module).to(torch.float64)
+    b64 = {k: v.detach().to(run.device, torch.float64) if v.is_floating_point() else v.to(run.device)
+           for k, v in b_state.items() if k in run.names}
+    e64 = {s: {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in e.items()} for s, e in elements.items()}
+    aligned = apply_elements(run.problem, e64, b64)
+    inputs = move(_rows(batch[0], 0, examples), run.device, torch.float64)
+
+    def forward(w: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return flatten_outputs(call_model(lambda *x, **k: torch.func.functional_call(module, dict(w), x, k), inputs))
+
+    max_abs, max_rel = compare(forward(b64), forward(aligned))
+    rtol = DEFAULT_RTOL["float64"] * max(1.0, cond / 10.0)
+    return {"examples": examples, "dtype": "float64", "max_abs": max_abs, "max_rel": max_rel, "rtol": rtol,
+            "passed": math.isfinite(max_rel) and max_rel <= rtol}
+
+
+@attrs.frozen
+class LearnedMatching:
+    """Learned matching (see the module). ``options.tuning``: a :class:`LearnedOptions`
+    (None: its defaults, with ``permutations`` as the method says)."""
+
+    name: str = "learned"
+    label: str = "learned matching"
+    canonical: bool = True
+    needs_data: bool = True
+    needs_module: bool = True
+    groups: str | None = None
+    #: picks its result on held-out data (``options.validation``)
+    validates: bool = True
+    #: how permutations are learned when the options do not say
+    permutations: str = "frozen"
+
+    def start(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions,
+              opts: LearnedOptions) -> tuple[dict[str, Element], dict[str, Any]]:
+        """The starting element: ``options.init`` where given, else weight matching's."""
+        from ..solvers import match_weights
+
+        if options.init is not None:
+            missing = [s for s in problem.spaces if s not in options.init]
+            init = dict(options.init)
+            for s in missing:
+                init[s] = problem.spaces[s].group.identity()
+            return init, {"start": "given"}
+        res = match_weights(problem, a.state, b.state, rounds=options.rounds, tol=options.tol, device=options.device,
+                            dtype=options.dtype, progress=options.progress, timer=options.timer, options=opts.solver)
+        elements = dict(res.elements)
+        for s in problem.spaces:
+            elements.setdefault(s, problem.spaces[s].group.identity())
+        return elements, {"start": "weight matching", "weight_matching_objective": res.history}
+
+    def align(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions) -> Alignment:
+        import torch
+
+        from ..solvers import MatchEvent, SolverError, Timer
+        from ..solvers.parametrize import ParamSettings, finite_or_raise, parametrize
+
+        opts = _options(options.tuning, self.permutations)
+        timer = options.timer or Timer()
+        t_start = time.perf_counter()
+        with timer("start"):
+            start, info = self.start(problem, a, b, options, opts)
+        run = _Run(problem, a, b, options, opts)
+        train, val, held_out = _splits(options.data, options.validation, opts)
+        steps = opts.steps or (max(1, round(opts.epochs * len(train))) if opts.epochs else 500)
+        settings = ParamSettings(orthogonal=opts.orthogonal, permutations=opts.permutations, device=run.device)
+        params = {s: parametrize(problem.spaces[s].group, {k: v.to(run.device) for k, v in start[s].items()}, settings)
+                  for s in problem.spaces}
+        latents = [t for p in params.values() for t in p.latents()]
+        lo, hi = lambda_sampler(opts.lam)
+        gen = torch.Generator().manual_seed(opts.seed)
+        best_val = run.midpoint(options.data, _projected(params), val)
+        best = {s: {k: v.detach().clone() for k, v in e.items()} for s, e in start.items()}
+        best_step, history, val_curve = 0, [best_val], [(0, best_val)]
+        train_curve: list[tuple[int, float]] = []
+        info.update({"steps": steps, "lambda": opts.lam, "permutations": opts.permutations, "orthogonal": opts.orthogonal,
+                     "lr": opts.lr, "batch_size": opts.batch_size, "train_batches": len(train),
+                     "validation": "val split" if not held_out else f"last {len(val)} train batch(es), held out",
+                     "latents": int(sum(t.numel() for t in latents))})
+        if not latents:  # every space frozen (a permutation-only problem with frozen permutations)
+            info["note"] = "nothing to learn: every searched group is frozen (try --permutations ste)"
+            steps = 0
+        opt = torch.optim.AdamW(latents, lr=opts.lr, weight_decay=opts.weight_decay) if latents else None
+        warmup = int(opts.warmup * steps)
+        order = _order(len(train), gen)
+        window: list[float] = []
+        if options.progress is not None:
+            options.progress(MatchEvent("start", 0, steps, total=steps, objective=best_val))
+        with timer("learn"):
+            for step in range(steps):
+                assert opt is not None
+                for p in params.values():
+                    p.anneal(step / max(steps - 1, 1))
+                for g in opt.param_groups:
+                    g["lr"] = opts.lr * _schedule(step, steps, warmup)
+                if not order:
+                    order = _order(len(train), gen)
+                batch = train[order.pop()]
+                lam = lo + (hi - lo) * float(torch.rand((), generator=gen, dtype=torch.float64))
+                elements = {s: p.element() for s, p in params.items()}
+                actions = {s: act for s, p in params.items() if (act := p.action()) is not None}
+                loss = run.loss(options.data, run.weights(run.aligned(elements, actions), lam), batch)
+                finite_or_raise(loss, f"the interpolated model's loss at step {step + 1}")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                last = float(loss.detach())
+                window.append(last)
+                done = step + 1
+                if done % opts.eval_every == 0 or done == steps:
+                    train_curve.append((done, sum(window) / len(window)))
+                    window = []
+                    with timer("validate"):
+                        v = run.midpoint(options.data, _projected(params), val)
+                    val_curve.append((done, v))
+                    history.append(v)
+                    if v < best_val:
+                        best_val, best_step, best = v, done, _projected(params)
+                if options.progress is not None:
+                    options.progress(MatchEvent("step", done, steps, done=done, total=steps, objective=last))
+        info.update({"best_step": best_step, "best_val_midpoint_loss": best_val, "val_midpoint_loss": val_curve,
+                     "train_loss": train_curve, "spaces": _describe(params)})
+        cond = max([v for d in info["spaces"].values() for k, v in d.items() if k.endswith("max_condition")] or [1.0])
+        info["max_condition"] = cond
+        with timer("check"):
+            check = _check_function(run, b.state, best, (val or train)[0], opts.check_examples, cond)
+        info["check"] = check
+        if not check["passed"]:
+            raise SolverError(f"learned matching: aligned B does not compute B's function (max relative error "
+                              f"{check['max_rel']:.2e} > {check['rtol']:.0e} in float64); the element is not returned")
+        timings = {"total_learned": time.perf_counter() - t_start}
+        elements = {s: {k: v.detach().to("cpu") for k, v in e.items()} for s, e in best.items()}
+        return Alignment(elements, history, timings, converged=True, aligned=None, info=info)
+
+
+def _projected(params: Mapping[str, Any]) -> dict[str, Element]:
+    import torch
+
+    with torch.no_grad():
+        return {s: p.project() for s, p in params.items()}
+
+
+def _describe(params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per space, facts about the current element (the last step's)."""
+    import torch
+
+    with torch.no_grad():
+        return {s: d for s, p in params.items() if (d := p.describe())}
+
+
+def _order(n: int, gen: torch.Generator) -> list[int]:
+    import torch
+
+    return torch.randperm(n, generator=gen).tolist()
+
+
+def _splits(data: Any, validation: Any, opts: LearnedOptions) -> tuple[list[Any], list[Any], bool]:
+    """(train batches, validation batches, whether validation was held out of train)."""
+    batches = list(getattr(data, "batches", None) or [])
+    if not batches:
+        raise SymspecInputError("learned matching: the data has no batches to learn on")
+    val = list(getattr(validation, "batches", None) or [])
+    held_out = False
+    if not val:
+        if len(batches) < 2:
+            raise SymspecInputError("learned matching needs validation data, or at least 2 train batches to hold one out")
+        k = max(1, len(batches) // 10)
+        batches, val, held_out = batches[:-k], batches[-k:], True
+    if opts.val_batches is not None:
+        val = val[: opts.val_batches]
+    return _rebatch(batches, opts.batch_size), val, held_out

@@ -1,0 +1,254 @@
+"""Learned matching: parametrisations that stay in their groups, and the method end to end.
+
+Every parametrised kind is checked on random latents (seeded by hypothesis): the element
+is in the group, equals the start at zero latents, and has gradients; a free
+parametrisation (M0 + X) leaves O and is caught by the same membership test. The method
+is run on small nanoGPTs: the midpoint loss falls, aligned B computes B's function (a
+corrupted element is refused by the final check), runs are deterministic given a seed,
+and the CLI writes the usual outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import symspec
+from symspec.alignment import LearnedOptions
+from symspec.alignment.learned import lambda_sampler
+from symspec.data import EvalData
+from symspec.errors import SymspecInputError
+from symspec.groups import GL, OC, SP, D, Dpos, Heads, Id, O, RoPE, S
+from symspec.groups.classic import Sign
+from symspec.loading import import_file
+from symspec.solvers import SolverError
+from symspec.solvers.parametrize import PARAMETRIZATIONS, ParamSettings, parametrize
+from tests.cli_files import ROOT, model_file, run, write_words
+
+GROUPS = [S(6), O(5), OC(6), GL(4), D(5), Dpos(5), RoPE(6), RoPE(8, rot=4), Id(3), Sign(4), SP(4),
+          Heads(4, (("qk", GL(3)), ("ov", O(3)))), Heads(4, (("qk", RoPE(4)), ("ov", GL(4))), kv=2)]
+MODES = [("exp", "frozen"), ("polar", "ste"), ("exp", "sinkhorn")]
+
+
+def _perturb(p: Any, gen: torch.Generator, scale: float = 0.3) -> None:
+    with torch.no_grad():
+        for t in p.latents():
+            t.add_(scale * torch.randn(t.shape, generator=gen, dtype=t.dtype))
+
+
+def test_every_group_kind_has_a_parametrisation() -> None:
+    from symspec.groups.base import REGISTRY
+
+    assert set(REGISTRY) <= set(PARAMETRIZATIONS)
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=str)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(m))
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_parametrised_elements_stay_in_the_group(group: Any, mode: tuple[str, str], seed: int) -> None:
+    settings_ = ParamSettings(orthogonal=mode[0], permutations=mode[1])
+    start = group.sample(seed)
+    p = parametrize(group, start, settings_)
+    # at the start: the start (sinkhorn's soft matrix hardens to the start's permutation)
+    assert group.equal(p.project(), group.to(start, torch.float64), atol=1e-9)
+    _perturb(p, torch.Generator().manual_seed(seed))
+    e = p.project()
+    assert group.contains(e, atol=1e-7), (group, mode)
+    if mode[1] == "frozen" or not p.latents():
+        assert group.contains(p.element(), atol=1e-7)
+    # gradients reach every latent through the action
+    if p.latents():
+        x = torch.randn(group.rep_size(group.rep_paths()[0]), 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        act = p.action()
+        path = group.rep_paths()[0]
+        y = act(x, path, "co") if act is not None else group.apply(p.element(), x, path, "co")
+        (y * torch.randn_like(y)).sum().backward()
+        assert any(t.grad is not None and bool(t.grad.abs().sum() > 0) for t in p.latents())
+
+
+def test_a_free_parametrisation_leaves_the_group_and_is_caught() -> None:
+    """The negative case of the membership test above: M0 + X is not orthogonal."""
+    g = O(5)
+    m = g.sample(0)["matrix"] + 0.1 * torch.randn(5, 5, dtype=torch.float64)
+    assert not g.contains({"matrix": m}, atol=1e-7)
+
+
+@pytest.mark.parametrize("group", [S(7), Heads(4, (("qk", GL(3)), ("ov", GL(3)))), Heads(6, (("", GL(2)),), kv=3)], ids=str)
+def test_straight_through_actions_equal_the_group_action(group: Any) -> None:
+    p = parametrize(group, group.sample(3), ParamSettings(permutations="ste"))
+    act = p.action()
+    assert act is not None
+    e = p.element()
+    gen = torch.Generator().manual_seed(0)
+    for path in group.rep_paths():
+        x = torch.randn(group.rep_size(path), 5, dtype=torch.float64, generator=gen)
+        for variance in ("co", "contra"):
+            torch.testing.assert_close(act(x, path, variance), group.apply(e, x, path, variance))
+
+
+def test_sinkhorn_anneals_to_the_hard_permutation() -> None:
+    g = S(8)
+    start = g.sample(5)
+    p = parametrize(g, start, ParamSettings(permutations="sinkhorn", temperature=(0.1, 0.001)))
+    p.anneal(1.0)
+    x = torch.randn(8, 3, dtype=torch.float64)
+    torch.testing.assert_close(p.action()(x, (), "co"), g.apply(start, x), atol=1e-6, rtol=0)
+
+
+def test_lambda_samplers_and_options_refuse_bad_values() -> None:
+    assert lambda_sampler("uniform") == (0.0, 1.0)
+    for bad in ("wide", "fixed:2", "fixed:x", "fixed:nan"):
+        with pytest.raises(SymspecInputError):
+            lambda_sampler(bad)
+    for kw in ({"steps": 0}, {"lr": 0.0}, {"permutations": "soft"}, {"orthogonal": "cayley"}, {"warmup": 1.0}):
+        with pytest.raises(SymspecInputError):
+            LearnedOptions(**kw)
+
+
+# ----------------------------------------------------------------------------- end to end
+
+def _models() -> tuple[torch.nn.Module, torch.nn.Module]:
+    ng = import_file(ROOT / "examples" / "nanogpt.py")
+    cfg = dict(vocab_size=12, block_size=16, n_layer=1, n_head=2, n_embd=16, n_ff=32)
+    torch.manual_seed(0)
+    a = ng.build(**cfg)
+    torch.manual_seed(1)
+    return a, ng.build(**cfg)
+
+
+def _data(split: str, n: int = 6, seed: int = 0) -> EvalData:
+    """Sequences of a repeating pattern: learnable, so the interpolated model has
+    something to get better at."""
+    ng = import_file(ROOT / "examples" / "nanogpt.py")
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        start = torch.randint(0, 12, (8, 1), generator=gen)
+        seq = (start + torch.arange(17)) % 12
+        batches.append(((seq[:, :16],), seq[:, 1:]))
+    return EvalData("pattern", "hook", split, batches, ng.loss, None)
+
+
+@pytest.fixture(scope="module")
+def learned() -> Any:
+    a, b = _models()
+    opts = LearnedOptions(steps=40, lr=1e-2, eval_every=10)
+    return a, b, symspec.align(a, b, "nanogpt", method="learned", data=_data("train"), validation=_data("val", 2, 1),
+                               options=opts)
+
+
+def test_learned_matching_lowers_the_midpoint_loss_and_keeps_the_function(learned: Any) -> None:
+    _, b, res = learned
+    info = res.info
+    assert info["start"] == "weight matching" and info["validation"] == "val split"
+    assert len(res.history) == 5  # the start, then every 10 steps
+    assert info["best_val_midpoint_loss"] < res.history[0] - 1e-3, res.history
+    assert info["train_loss"][-1][1] < info["train_loss"][0][1]
+    assert info["check"]["passed"] and info["check"]["max_rel"] <= info["check"]["rtol"]
+    # the elements are in the spec's groups, and aligned B computes B's function
+    for s, e in res.elements.items():
+        assert res.bound.problem.spaces[s].group.contains(e, atol=1e-6), s
+    m = res.canonical_model
+    x = torch.randint(0, 12, (2, 16))
+    m.load_state_dict(res.aligned_b)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), b(x), rtol=1e-4, atol=1e-4)
+
+
+def test_learned_matching_beats_its_start_on_the_midpoint(learned: Any) -> None:
+    """The midpoint of the learned path against weight matching's, on held-out data."""
+    a, b, res = learned
+    wm = symspec.align(a, b, "nanogpt", method="weight")
+    test = _data("test", 3, 7)
+    m = res.canonical_model
+
+    def mid(sd_b: Any, r: Any) -> float:
+        m.load_state_dict(symspec.statedict.interpolate_state_dicts(r.canonical_a, sd_b, 0.5))
+        with torch.no_grad():
+            return sum(float(test.loss(m(*x), y)) for x, y in test.batches) / len(test.batches)
+
+    assert mid(res.aligned_b, res) < mid(wm.aligned_b, wm)
+
+
+def test_runs_are_deterministic_given_a_seed() -> None:
+    a, b = _models()
+    data = _data("train")
+
+    def go(seed: int) -> Any:
+        return symspec.align(a, b, "nanogpt", method="learned", data=data,
+                             options=LearnedOptions(steps=6, lr=1e-2, eval_every=3, seed=seed)).elements["resid"]["matrix"]
+
+    first, again, other = go(0), go(0), go(1)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+
+
+def test_a_wrong_element_is_refused_by_the_final_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If a parametrisation left its group, the function check must catch it."""
+    from symspec.solvers import parametrize as pm
+
+    def off(self: Any) -> dict[str, torch.Tensor]:
+        m = self.start["matrix"]
+        return {"matrix": m + 0.05 * torch.ones_like(m)}  # not orthogonal
+
+    monkeypatch.setattr(pm.CentredOrthogonalParam, "project", off)
+    a, b = _models()
+    with pytest.raises(SolverError, match="does not compute B's function"):
+        symspec.align(a, b, "nanogpt", method="learned", data=_data("train"),
+                      options=LearnedOptions(steps=2, eval_every=1, lr=1e-2))
+
+
+@pytest.mark.parametrize("perms", ["ste", "sinkhorn"])
+def test_learned_permutations_end_in_permutations(perms: str) -> None:
+    a, b = _models()
+    res = symspec.align(a, b, "nanogpt", method="learned", data=_data("train"),
+                        options=LearnedOptions(steps=8, lr=5e-2, eval_every=4, permutations=perms))
+    assert res.info["check"]["passed"]
+    assert "moved" in res.info["spaces"]["ff[0]"]
+    for s, e in res.elements.items():
+        assert res.bound.problem.spaces[s].group.contains(e, atol=1e-6), s
+
+
+def test_a_state_dict_or_missing_data_is_refused() -> None:
+    a, b = _models()
+    with pytest.raises(SymspecInputError, match="needs data"):
+        symspec.align(a, b, "nanogpt", method="learned")
+    one = EvalData("x", "hook", "train", _data("train").batches[:1], _data("train").loss, None)
+    with pytest.raises(SymspecInputError, match="validation"):
+        symspec.align(a, b, "nanogpt", method="learned", data=one, options=LearnedOptions(steps=1))
+
+
+def test_cli_match_learned_writes_the_usual_outputs(tmp_path: Path) -> None:
+    from symspec.loading import load_model
+
+    text = tmp_path / "words.txt"
+    mf = model_file(tmp_path, "gpt.py", write_words(text))
+    lm = load_model(mf).model
+    for i in range(2):
+        torch.manual_seed(i)
+        torch.save(type(lm)(lm.config).state_dict(), tmp_path / f"m{i}.pt")
+    args = [tmp_path / "m0.pt", tmp_path / "m1.pt", "--model", mf, "--data", f"text:{text}"]
+    code, _, err = run("match", *args, "--method", "learned", "--steps", 4, "--lr", 0.01, "--lambda", "fixed:0.5",
+                       "--out", tmp_path / "m", "--json")
+    assert code == 0, err
+    report = json.loads((tmp_path / "m" / "match.json").read_text())
+    assert report["method"] == "learned" and report["info"]["check"]["passed"]
+    assert report["info"]["steps"] == 4 and report["info"]["lambda"] == "fixed:0.5"
+    assert report["info"]["validation"] == "val split"
+    b = load_model(tmp_path / "m1.pt", factory=mf).model
+    aligned = load_model(tmp_path / "m" / "model.pt", factory=mf).model
+    x = torch.randint(0, 10, (2, 8))
+    torch.testing.assert_close(aligned(x), b(x), rtol=1e-4, atol=1e-4)
+    # learned-matching flags with another method, and bad values, are one line and exit 2
+    code, _, err = run("match", *args, "--method", "weight+activation", "--steps", 3, "--out", tmp_path / "x")
+    assert code == 2 and "--steps: for --method learned (or learned-perm)" in err and not (tmp_path / "x").exists()
+    code, _, err = run("match", *args, "--method", "learned", "--lambda", "wide", "--out", tmp_path / "y")
+    assert code == 2 and "--lambda wide" in err
+    code, _, err = run("merge", *args, "--no-align", "--lr", 0.1, "--out", tmp_path / "z")
+    assert code == 2 and "--lr: for --method learned (or learned-perm)" in err
