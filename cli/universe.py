@@ -83,20 +83,29 @@ MAX_SIMPLEX_POINTS = 100_000
                    "locked while a run uses it).")
 @click.option("--setup", "worker_setup", metavar="MODULE:FUNCTION",
               help="Called once in every worker process (to register custom groups, solvers or alignment methods).")
+@click.option("--steps", "learn_steps", type=click.IntRange(min=1), metavar="N",
+              help="--method learned: steps of the learned refinement.  [default: 500]")
+@click.option("--lr", "learn_lr", type=FiniteFloat(min=0.0), help="--method learned: peak learning rate.  [default: 1e-2]")
+@click.option("--alpha", "learn_alpha", type=FiniteFloat(min=0.0),
+              help="--method learned: the merging weights are drawn from Dirichlet(alpha 1).  [default: 0.1]")
+@click.option("--seed", "learn_seed", type=int, help="--method learned: seed of batch order and weights.  [default: 0]")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
 @handle_errors
 def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factory: str | None, groups: str | None,
                  method: str, rounds: int, tol: float, start_arg: str, jobs: int | None, ray_address: str | None,
                  device: str, threads: int, data_arg: str | None, split: str, batch_size: int,
                  max_samples: int | None, simplex: bool | None, resolution: int | None, overwrite: bool,
-                 resume: bool, worker_setup: str | None, as_json: bool) -> None:
+                 resume: bool, worker_setup: str | None, learn_steps: int | None, learn_lr: float | None,
+                 learn_alpha: float | None, learn_seed: int | None, as_json: bool) -> None:
     """Align every MODEL into one shared universe and merge them (universe matching).
 
     The universe starts as one model; each round aligns every model to it with the
     alignment method (weight matching by default) under the spec's groups and sets it to
     the mean of the aligned models, until the objective (the sum of squared distances to
     the universe) stops improving. Every model gets one transform into the universe, so
-    any two are aligned through it.
+    any two are aligned through it. With --method learned --data, weight matching's
+    rounds are followed by the learned refinement: every transform trained for the loss
+    of merged models with Dirichlet(--alpha) weights.
 
     MODEL: model files, Hugging Face folders or checkpoints (with --model); globs
     ('runs/*/model.pt') and list files ('@models.txt', one path a line) are expanded.
@@ -109,6 +118,7 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
 
     started = time.perf_counter()
     m = universe_method(method, data_arg)  # before any work: a method universe matching cannot run
+    options = _learned_options(m, learn_steps, learn_lr, learn_alpha, learn_seed)
     paths, factory, start = _check_inputs(models, out, spec_arg, factory, data_arg, start_arg, ray_address, simplex,
                                           resolution, overwrite)
     out_dir = Path(out)
@@ -119,10 +129,15 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
         spec = spec_arg if spec_arg is not None else _default_spec(paths, start, factory)
         with _Progress(stderr_console(), quiet=as_json) as bar:
             align_data = _align_data(paths, start, factory, data_arg, batch_size, max_samples) if m.needs_data else None
+            # a method that picks a step validates on val, never on the evaluated split
+            # (evaluating val, it holds out part of train instead)
+            validation = (_align_data(paths, start, factory, data_arg, batch_size, max_samples, split="val")
+                          if getattr(m, "validates", False) and split == "test" else None)
             result = universe_match(paths, spec, rounds=rounds, tol=tol, groups=groups, method=method, jobs=jobs,
                                     ray=ray_address, device=device, start=start, factory=factory, workdir=partial,
                                     resume=resume, progress=bar.event, threads=threads, worker_setup=worker_setup,
-                                    load_aligned=False, keep_workdir=True, data=align_data)
+                                    load_aligned=False, keep_workdir=True, data=align_data, validation=validation,
+                                    options=options)
             analysis = None
             if data_arg is not None:
                 analysis = _analyze(result, paths, factory, data_arg, split, batch_size, max_samples, device, simplex,
@@ -191,14 +206,30 @@ def _default_spec(paths: list[str], start: int | str, factory: str | None) -> An
     return resolve_spec(None, first.model, first.spec_hint())
 
 
+def _learned_options(m: Any, steps: int | None, lr: float | None, alpha: float | None, seed: int | None) -> Any:
+    """--steps/--lr/--alpha/--seed as LearnedOptions (None when none is given); refused
+    for a method without a learned refinement."""
+    given = {k: v for k, v in {"steps": steps, "lr": lr, "dirichlet": alpha, "seed": seed}.items() if v is not None}
+    if not given:
+        return None
+    from symspec.alignment import LearnedOptions
+    from symspec.alignment.learned import LearnedMatching
+    from symspec.errors import SymspecInputError
+
+    if not isinstance(m, LearnedMatching):
+        flags = ", ".join("--alpha" if k == "dirichlet" else f"--{k}" for k in given)
+        raise SymspecInputError(f"{flags}: for --method learned (or learned-perm), not '{m.name}'")
+    return LearnedOptions(permutations=m.permutations, **given)
+
+
 def _align_data(paths: list[str], start: int | str, factory: str | None, data_arg: str | None, batch_size: int,
-                max_samples: int | None) -> Any:
-    """The train split of --data, for a data-driven method's rounds."""
+                max_samples: int | None, split: str = "train") -> Any:
+    """A split of --data (the train split, for a data-driven method's rounds)."""
     from symspec.data import check_fits, hooks_module, load_data
     from symspec.loading import load_model
 
     ref = load_model(paths[start] if isinstance(start, int) else paths[0], factory=factory)
-    data = load_data(data_arg, model=ref.model, module=hooks_module(ref, factory), split="train",
+    data = load_data(data_arg, model=ref.model, module=hooks_module(ref, factory), split=split,
                      batch_size=batch_size, max_samples=max_samples, model_dir=ref.source)
     check_fits(ref.model, data, ref.name)
     return data
@@ -272,6 +303,10 @@ class _Progress:
             if phase != self.phase:
                 self.start_task(phase, e.total)
             self.bar.update(self.task, completed=e.done)
+        elif e.kind == "learn":
+            if self.phase != "learned refinement":
+                self.start_task("learned refinement", e.total)
+            self.bar.update(self.task, completed=e.done, description=f"learned refinement: loss {e.objective:.4g}")
         elif e.kind == "round":
             change = ""
             if math.isfinite(self.last) and self.last > 0:
@@ -289,6 +324,11 @@ def _print(report: dict[str, Any], result: Any, analysis: Any, written: dict[str
             f"{report['rounds']} round(s), {'converged' if report['converged'] else 'not converged'}, "
             f"{report['executor']} x{report['jobs']}")
     console.print(head)
+    ref = result.refinement
+    if ref is not None:
+        console.print(f"learned refinement ({result.method}): {ref['steps']} steps, Dirichlet({ref['alpha']:g}) weights; "
+                      f"uniform merge on {ref['validation']}: {ref['history'][0]:.4g} -> {ref['best_val_merged_loss']:.4g} "
+                      f"(best step {ref['best_step']})")
     rounds = Table(title="objective: sum of squared distances to the universe", title_justify="left")
     for col in ("round", "objective", "relative", "seconds"):
         rounds.add_column(col, justify="right")

@@ -199,7 +199,7 @@ def test_a_wrong_element_is_refused_by_the_final_check(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(pm.CentredOrthogonalParam, "project", off)
     a, b = _models()
-    with pytest.raises(SolverError, match="does not compute B's function"):
+    with pytest.raises(SolverError, match="does not compute its model.s function"):
         symspec.align(a, b, "nanogpt", method="learned", data=_data("train"),
                       options=LearnedOptions(steps=2, eval_every=1, lr=1e-2))
 
@@ -252,3 +252,66 @@ def test_cli_match_learned_writes_the_usual_outputs(tmp_path: Path) -> None:
     assert code == 2 and "--lambda wide" in err
     code, _, err = run("merge", *args, "--no-align", "--lr", 0.1, "--out", tmp_path / "z")
     assert code == 2 and "--lr: for --method learned (or learned-perm)" in err
+
+
+# ----------------------------------------------------------------------------- universe refinement
+
+def test_universe_learned_refinement_lowers_the_merged_loss_and_keeps_every_function() -> None:
+    from symspec.universe import universe_match
+
+    ng = import_file(ROOT / "examples" / "nanogpt.py")
+    cfg = dict(vocab_size=12, block_size=16, n_layer=1, n_head=2, n_embd=16, n_ff=32)
+    models = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        models.append(ng.build(**cfg))
+    opts = LearnedOptions(steps=30, lr=2e-2, eval_every=10)
+    res = universe_match(models, "nanogpt", method="learned", rounds=3, data=_data("train"),
+                         validation=_data("val", 2, 1), options=opts)
+    ref = res.refinement
+    assert res.method == "learned" and ref["alpha"] == 0.1 and ref["validation"] == "val split"
+    assert ref["best_val_merged_loss"] < ref["history"][0] - 1e-3, ref["history"]
+    assert set(ref["checks"]) == {"model1", "model2"} and all(c["passed"] for c in ref["checks"].values())
+    x = torch.randint(0, 12, (2, 16))
+    m = res.canonical_model
+    mean = {k: sum(sd[k].double() for sd in res.aligned) / 3 for k in res.merged if res.merged[k].is_floating_point()}
+    for i, own in enumerate(models):
+        # the record (h_i g_i) takes the model's canonical form to its refined, aligned form
+        canon = res.records[i].apply(res.bound, own.state_dict())
+        for k, v in res.aligned[i].items():
+            torch.testing.assert_close(canon[k].to(v.dtype), v, rtol=1e-5, atol=1e-5)
+        m.load_state_dict(res.aligned[i])
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), own(x), rtol=1e-4, atol=1e-4)
+    for k, v in mean.items():
+        torch.testing.assert_close(res.merged[k].double(), v, rtol=1e-6, atol=1e-6)
+    # the reference model (index 0) is the gauge: its record stays weight matching's
+    assert "refined" not in res.records[0].meta and res.records[1].meta["refined"] == "learned"
+
+
+def test_cli_universe_learned(tmp_path: Path) -> None:
+    from symspec.loading import load_model
+
+    text = tmp_path / "words.txt"
+    mf = model_file(tmp_path, "gpt.py", write_words(text))
+    lm = load_model(mf).model
+    for i in range(2):
+        torch.manual_seed(i)
+        torch.save(type(lm)(lm.config).state_dict(), tmp_path / f"m{i}.pt")
+    args = [tmp_path / "m0.pt", tmp_path / "m1.pt", "--model", mf, "--data", f"text:{text}"]
+    code, out, err = run("universe", *args, "--method", "learned", "--steps", 4, "--alpha", 0.5, "--rounds", 2,
+                         "--out", tmp_path / "u", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    refinement = report["refinement"]
+    import jsonschema
+
+    from symspec.analyzers.simplex import ANALYSIS_SCHEMA
+    from symspec.universe import report_schema
+
+    jsonschema.validate(report, report_schema(ANALYSIS_SCHEMA))
+    assert refinement["steps"] == 4 and refinement["alpha"] == 0.5
+    # evaluated on the val split: the refinement validated on part of train, not on val
+    assert refinement["validation"].endswith("held out")
+    code, _, err = run("universe", *args, "--steps", 3, "--out", tmp_path / "w")
+    assert code == 2 and "--steps: for --method learned" in err

@@ -82,8 +82,10 @@ class LearnedOptions:
     ``lam``: the lambda sampler. ``permutations``: ``frozen``, ``ste`` or ``sinkhorn``;
     ``orthogonal``: ``exp`` or ``polar``. ``eval_every``: steps between validations;
     ``val_batches``: at most this many validation batches per validation. ``seed``.
-    ``check_examples``: examples of the final function check. ``solver``: weight
-    matching's knobs for the start (:class:`~symspec.solvers.WeightOptions`)."""
+    ``check_examples``: examples of the final function check. ``dirichlet``: the
+    concentration alpha of the merging weights in universe refinement (Dirichlet(alpha 1),
+    the paper's 0.1). ``solver``: weight matching's knobs for the start
+    (:class:`~symspec.solvers.WeightOptions`)."""
 
     steps: int | None = None
     epochs: float | None = None
@@ -98,6 +100,7 @@ class LearnedOptions:
     val_batches: int | None = 8
     seed: int = 0
     check_examples: int = 8
+    dirichlet: float = 0.1
     solver: Any = None
 
     def __attrs_post_init__(self) -> None:
@@ -114,6 +117,8 @@ class LearnedOptions:
             raise SymspecInputError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
         if self.batch_size is not None and self.batch_size < 1:
             raise SymspecInputError(f"batch size must be at least 1, got {self.batch_size}")
+        if not (self.dirichlet > 0 and math.isfinite(self.dirichlet)):
+            raise SymspecInputError(f"the Dirichlet concentration must be a positive number, got {self.dirichlet}")
         if self.eval_every < 1:
             raise SymspecInputError(f"eval_every must be at least 1, got {self.eval_every}")
         if self.permutations not in PERMUTATIONS:
@@ -165,42 +170,56 @@ def _schedule(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(step - warmup, span) / span))
 
 
-class _Run:
-    """One learned-matching run: the module, the endpoints on the device, the data."""
+class Mixture:
+    """Models of one architecture mixed in weight space and evaluated with one module
+    instance (``functional_call``): what learned matching trains through, for a pair
+    (weights ``1 - lambda, lambda``) and for universe refinement (Dirichlet weights).
+    ``states``: canonical state dicts, moved to ``device`` in the module's dtypes."""
 
-    def __init__(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions, opts: LearnedOptions) -> None:
+    def __init__(self, problem: Problem, module: torch.nn.Module, states: list[Mapping[str, torch.Tensor]],
+                 device: str | torch.device) -> None:
         import torch
 
         from ..statedict import functional_names
 
-        assert a.module is not None
         self.problem = problem
-        self.device = torch.device(options.device)
-        module = a.module
+        self.device = torch.device(device)
         if any(p.device != self.device for p in module.parameters()):
             module = copy.deepcopy(module).to(self.device)
         self.module = module.eval()
         self.names, _ = functional_names(self.module)
         self.dtype = next((p.dtype for p in self.module.parameters() if p.is_floating_point()), torch.float32)
         own = self.module.state_dict()
-        self.a = {k: a.state[k].detach().to(self.device, own[k].dtype) for k in self.names if k in a.state}
-        self.b = {k: b.state[k].detach().to(self.device, own[k].dtype) for k in self.names if k in b.state}
-        missing = [k for k in self.names if k not in self.a or k not in self.b]
-        if missing:
-            raise SymspecInputError(f"learned matching: the endpoints lack {', '.join(missing[:3])}")
+        self.states = []
+        for i, sd in enumerate(states):
+            missing = [k for k in self.names if k not in sd]
+            if missing:
+                raise SymspecInputError(f"learned matching: model {i} lacks {', '.join(missing[:3])}")
+            self.states.append({k: sd[k].detach().to(self.device, own[k].dtype) for k in self.names})
 
     def inputs(self, x: Any) -> Any:
         from ..data.base import move
 
         return move(x, self.device, self.dtype)
 
-    def weights(self, aligned: Mapping[str, torch.Tensor], lam: float) -> dict[str, torch.Tensor]:
-        import torch
+    def transformed(self, i: int, elements: Mapping[str, Element],
+                    actions: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
+        """Model ``i`` acted on by ``elements`` (differentiable in them)."""
+        from ..transforms import apply_elements
 
+        return apply_elements(self.problem, elements, self.states[i], actions)
+
+    def mix(self, states: list[Mapping[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
+        """sum_i w_i states[i] (the first state's entries where they are not floating point)."""
         out = {}
-        for k, va in self.a.items():
-            vb = aligned[k]
-            out[k] = torch.lerp(va, vb.to(va.dtype), lam) if va.is_floating_point() else va
+        for k, v0 in states[0].items():
+            if not v0.is_floating_point():
+                out[k] = v0
+                continue
+            acc = v0 * weights[0]
+            for sd, w in zip(states[1:], weights[1:]):
+                acc = acc + sd[k].to(v0.dtype) * w
+            out[k] = acc
         return out
 
     def loss(self, data: Any, weights: Mapping[str, torch.Tensor], batch: tuple[Any, Any]) -> torch.Tensor:
@@ -212,28 +231,24 @@ class _Run:
         out = call_model(lambda *x, **k: torch.func.functional_call(self.module, dict(weights), x, k), self.inputs(inputs))
         return data.loss(out, targets.to(self.device))
 
-    def aligned(self, elements: Mapping[str, Element], actions: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
-        from ..transforms import apply_elements
-
-        return apply_elements(self.problem, elements, self.b, actions)
-
-    def midpoint(self, data: Any, elements: Mapping[str, Element], batches: list[tuple[Any, Any]]) -> float:
-        """Mean loss at lambda = 0.5 over ``batches`` (weighted by their targets)."""
+    def mean_loss(self, data: Any, weights: Mapping[str, torch.Tensor], batches: list[tuple[Any, Any]]) -> float:
+        """Mean loss over ``batches`` (weighted by their targets), no gradients."""
         import torch
 
         with torch.no_grad():
-            w = self.weights(self.aligned(elements), 0.5)
             total, count = 0.0, 0
             for batch in batches:
                 n = int(batch[1].numel())
-                total += float(self.loss(data, w, batch)) * n
+                total += float(self.loss(data, weights, batch)) * n
                 count += n
         return total / max(count, 1)
 
 
-def _check_function(run: _Run, b_state: Mapping[str, torch.Tensor], elements: Mapping[str, Element],
-                    batch: tuple[Any, Any], examples: int, cond: float) -> dict[str, Any]:
-    """Aligned B against B on ``examples`` examples, in float64."""
+def check_function(run: Mixture, b_state: Mapping[str, torch.Tensor], elements: Mapping[str, Element],
+                   batch: tuple[Any, Any], examples: int, cond: float) -> dict[str, Any]:
+    """``elements`` acting on ``b_state`` keep its function: outputs on ``examples``
+    examples of ``batch``, in float64, within 1e-9 relative scaled by ``cond / 10`` (the
+    worst condition number of the elements; the checker's elements have at most 10)."""
     import torch
 
     from ..checker import DEFAULT_RTOL, compare, flatten_outputs
@@ -295,85 +310,147 @@ class LearnedMatching:
     def align(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions) -> Alignment:
         import torch
 
-        from ..solvers import MatchEvent, SolverError, Timer
-        from ..solvers.parametrize import ParamSettings, finite_or_raise, parametrize
+        from ..solvers import Timer
 
         opts = _options(options.tuning, self.permutations)
         timer = options.timer or Timer()
         t_start = time.perf_counter()
         with timer("start"):
             start, info = self.start(problem, a, b, options, opts)
-        run = _Run(problem, a, b, options, opts)
-        train, val, held_out = _splits(options.data, options.validation, opts)
-        steps = opts.steps or (max(1, round(opts.epochs * len(train))) if opts.epochs else 500)
-        settings = ParamSettings(orthogonal=opts.orthogonal, permutations=opts.permutations, device=run.device)
-        params = {s: parametrize(problem.spaces[s].group, {k: v.to(run.device) for k, v in start[s].items()}, settings)
-                  for s in problem.spaces}
-        latents = [t for p in params.values() for t in p.latents()]
+        assert a.module is not None
+        mixture = Mixture(problem, a.module, [a.state, b.state], options.device)
         lo, hi = lambda_sampler(opts.lam)
-        gen = torch.Generator().manual_seed(opts.seed)
-        best_val = run.midpoint(options.data, _projected(params), val)
-        best = {s: {k: v.detach().clone() for k, v in e.items()} for s, e in start.items()}
-        best_step, history, val_curve = 0, [best_val], [(0, best_val)]
-        train_curve: list[tuple[int, float]] = []
-        info.update({"steps": steps, "lambda": opts.lam, "permutations": opts.permutations, "orthogonal": opts.orthogonal,
-                     "lr": opts.lr, "batch_size": opts.batch_size, "train_batches": len(train),
-                     "validation": "val split" if not held_out else f"last {len(val)} train batch(es), held out",
-                     "latents": int(sum(t.numel() for t in latents))})
-        if not latents:  # every space frozen (a permutation-only problem with frozen permutations)
-            info["note"] = "nothing to learn: every searched group is frozen (try --permutations ste)"
-            steps = 0
-        opt = torch.optim.AdamW(latents, lr=opts.lr, weight_decay=opts.weight_decay) if latents else None
-        warmup = int(opts.warmup * steps)
-        order = _order(len(train), gen)
-        window: list[float] = []
-        if options.progress is not None:
-            options.progress(MatchEvent("start", 0, steps, total=steps, objective=best_val))
-        with timer("learn"):
-            for step in range(steps):
-                assert opt is not None
-                for p in params.values():
+
+        def weights(gen: torch.Generator) -> list[float]:
+            lam = lo + (hi - lo) * float(torch.rand((), generator=gen, dtype=torch.float64))
+            return [1.0 - lam, lam]
+
+        found = learn(mixture, {1: start}, weights, [0.5, 0.5], options.data, options.validation, opts,
+                      progress=options.progress, timer=timer)
+        info.update({"lambda": opts.lam, **found.info})
+        info["best_val_midpoint_loss"] = info.pop("best_val_loss")
+        info["val_midpoint_loss"] = info.pop("val_loss")
+        info["check"] = found.checks[1]
+        elements = {s: {k: v.detach().to("cpu") for k, v in e.items()} for s, e in found.elements[1].items()}
+        return Alignment(elements, found.history, {"total_learned": time.perf_counter() - t_start}, converged=True,
+                         aligned=None, info=info)
+
+
+@attrs.define
+class Learned:
+    """What :func:`learn` found: per learned model, its best element (one per space) and
+    the function check of it; the validation loss before the first step and at every
+    validation (``history``); ``info`` (curves, settings, per-space facts)."""
+
+    elements: dict[int, dict[str, Element]]
+    checks: dict[int, dict[str, Any]]
+    history: list[float]
+    info: dict[str, Any]
+
+
+def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: Any, val_weights: list[float],
+          data: Any, validation: Any, opts: LearnedOptions, *, progress: Any = None, timer: Any = None) -> Learned:
+    """Train the elements of the models ``start`` names (model index -> starting element
+    per space; the other models stay as they are) for the loss of
+    ``mixture.mix(models, sample(gen))``, validating ``mixture.mix(models, val_weights)``
+    with the elements projected exactly; the best validation wins. Every learned model's
+    best element is then checked to keep its model's function (a failure raises)."""
+    import torch
+
+    from ..solvers import MatchEvent, SolverError, Timer
+    from ..solvers.parametrize import ParamSettings, finite_or_raise, parametrize
+
+    timer = timer or Timer()
+    problem = mixture.problem
+    train, val, held_out = _splits(data, validation, opts)
+    steps = opts.steps or (max(1, round(opts.epochs * len(train))) if opts.epochs else 500)
+    settings = ParamSettings(orthogonal=opts.orthogonal, permutations=opts.permutations, device=mixture.device)
+    params = {i: {s: parametrize(problem.spaces[s].group, {k: v.to(mixture.device) for k, v in e[s].items()}, settings)
+                  for s in problem.spaces}
+              for i, e in start.items()}
+    latents = [t for ps in params.values() for p in ps.values() for t in p.latents()]
+    gen = torch.Generator().manual_seed(opts.seed)
+    n = len(mixture.states)
+
+    def models(elements: Mapping[int, Mapping[str, Element]], actions: Mapping[int, Mapping[str, Any]] | None = None) -> list[Any]:
+        return [mixture.transformed(i, elements[i], (actions or {}).get(i)) if i in elements else mixture.states[i]
+                for i in range(n)]
+
+    def validate() -> float:
+        with torch.no_grad():
+            return mixture.mean_loss(data, mixture.mix(models(_projected_all(params)), val_weights), val)
+
+    best_val = validate()
+    best = {i: {s: {k: v.detach().clone() for k, v in el.items()} for s, el in e.items()} for i, e in start.items()}
+    best_step, history, val_curve = 0, [best_val], [(0, best_val)]
+    train_curve: list[tuple[int, float]] = []
+    info: dict[str, Any] = {
+        "steps": steps, "permutations": opts.permutations, "orthogonal": opts.orthogonal, "lr": opts.lr,
+        "batch_size": opts.batch_size, "train_batches": len(train),
+        "validation": "val split" if not held_out else f"last {len(val)} train batch(es), held out",
+        "latents": int(sum(t.numel() for t in latents))}
+    if not latents:  # every space frozen (a permutation-only problem with frozen permutations)
+        info["note"] = "nothing to learn: every searched group is frozen (try --permutations ste)"
+        steps = 0
+    opt = torch.optim.AdamW(latents, lr=opts.lr, weight_decay=opts.weight_decay) if latents else None
+    warmup = int(opts.warmup * steps)
+    order = _order(len(train), gen)
+    window: list[float] = []
+    if progress is not None:
+        progress(MatchEvent("start", 0, steps, total=steps, objective=best_val))
+    with timer("learn"):
+        for step in range(steps):
+            assert opt is not None
+            for ps in params.values():
+                for p in ps.values():
                     p.anneal(step / max(steps - 1, 1))
-                for g in opt.param_groups:
-                    g["lr"] = opts.lr * _schedule(step, steps, warmup)
-                if not order:
-                    order = _order(len(train), gen)
-                batch = train[order.pop()]
-                lam = lo + (hi - lo) * float(torch.rand((), generator=gen, dtype=torch.float64))
-                elements = {s: p.element() for s, p in params.items()}
-                actions = {s: act for s, p in params.items() if (act := p.action()) is not None}
-                loss = run.loss(options.data, run.weights(run.aligned(elements, actions), lam), batch)
-                finite_or_raise(loss, f"the interpolated model's loss at step {step + 1}")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                last = float(loss.detach())
-                window.append(last)
-                done = step + 1
-                if done % opts.eval_every == 0 or done == steps:
-                    train_curve.append((done, sum(window) / len(window)))
-                    window = []
-                    with timer("validate"):
-                        v = run.midpoint(options.data, _projected(params), val)
-                    val_curve.append((done, v))
-                    history.append(v)
-                    if v < best_val:
-                        best_val, best_step, best = v, done, _projected(params)
-                if options.progress is not None:
-                    options.progress(MatchEvent("step", done, steps, done=done, total=steps, objective=last))
-        info.update({"best_step": best_step, "best_val_midpoint_loss": best_val, "val_midpoint_loss": val_curve,
-                     "train_loss": train_curve, "spaces": _describe(params)})
-        cond = max([v for d in info["spaces"].values() for k, v in d.items() if k.endswith("max_condition")] or [1.0])
-        info["max_condition"] = cond
-        with timer("check"):
-            check = _check_function(run, b.state, best, (val or train)[0], opts.check_examples, cond)
-        info["check"] = check
-        if not check["passed"]:
-            raise SolverError(f"learned matching: aligned B does not compute B's function (max relative error "
-                              f"{check['max_rel']:.2e} > {check['rtol']:.0e} in float64); the element is not returned")
-        timings = {"total_learned": time.perf_counter() - t_start}
-        elements = {s: {k: v.detach().to("cpu") for k, v in e.items()} for s, e in best.items()}
-        return Alignment(elements, history, timings, converged=True, aligned=None, info=info)
+            for g in opt.param_groups:
+                g["lr"] = opts.lr * _schedule(step, steps, warmup)
+            if not order:
+                order = _order(len(train), gen)
+            batch = train[order.pop()]
+            w = sample(gen)
+            elements = {i: {s: p.element() for s, p in ps.items()} for i, ps in params.items()}
+            actions = {i: {s: act for s, p in ps.items() if (act := p.action()) is not None} for i, ps in params.items()}
+            loss = mixture.loss(data, mixture.mix(models(elements, actions), w), batch)
+            finite_or_raise(loss, f"the interpolated model's loss at step {step + 1}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            last = float(loss.detach())
+            window.append(last)
+            done = step + 1
+            if done % opts.eval_every == 0 or done == steps:
+                train_curve.append((done, sum(window) / len(window)))
+                window = []
+                with timer("validate"):
+                    v = validate()
+                val_curve.append((done, v))
+                history.append(v)
+                if v < best_val:
+                    best_val, best_step, best = v, done, _projected_all(params)
+            if progress is not None:
+                progress(MatchEvent("step", done, steps, done=done, total=steps, objective=last))
+    spaces = {i: _describe(ps) for i, ps in params.items()}
+    info.update({"best_step": best_step, "best_val_loss": best_val, "val_loss": val_curve, "train_loss": train_curve,
+                 "spaces": spaces[next(iter(spaces))] if len(spaces) == 1 else {str(i): d for i, d in spaces.items()}})
+    cond = max([v for d in spaces.values() for facts in d.values() for k, v in facts.items()
+                if k.endswith("max_condition")] or [1.0])
+    info["max_condition"] = cond
+    checks = {}
+    with timer("check"):
+        for i in best:
+            checks[i] = check_function(mixture, mixture.states[i], best[i], (val or train)[0], opts.check_examples, cond)
+            if not checks[i]["passed"]:
+                c = checks[i]
+                raise SolverError(f"learned matching: the aligned model {i} does not compute its model's function (max "
+                                  f"relative error {c['max_rel']:.2e} > {c['rtol']:.0e} in float64); the element is not "
+                                  "returned")
+    return Learned(best, checks, history, info)
+
+
+def _projected_all(params: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Element]]:
+    return {i: _projected(ps) for i, ps in params.items()}
 
 
 def _projected(params: Mapping[str, Any]) -> dict[str, Element]:

@@ -129,7 +129,8 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
                    workdir: str | Path | None = None, resume: bool = True, progress: Progress | None = None,
                    match_rounds: int = 10, match_tol: float = 1e-6, max_iter: int = 10, threads: int = 1,
                    worker_setup: str | None = None, load_aligned: bool = True, keep_workdir: bool | None = None,
-                   ray_retries: int = 0, data: Any = None) -> UniverseResult:
+                   ray_retries: int = 0, data: Any = None, validation: Any = None,
+                   options: Any = None) -> UniverseResult:
     """Universe matching of ``models`` under ``spec``.
 
     ``models``: paths (model files, Hugging Face folders, checkpoints with ``factory``),
@@ -155,11 +156,24 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
     executor, for identical results). ``worker_setup``: ``"module:function"`` called
     once in every worker process (register custom groups or alignment methods there: a
     method registered in this process only is known to ``jobs=1`` runs alone).
+
+    ``method="learned"`` (or ``"learned-perm"``): the rounds are weight matching's (its
+    permutations-only form for ``learned-perm``), then every model's element is refined
+    for the loss of merged models with Dirichlet weights (:mod:`.learned`, the paper's
+    §4.3) on ``data`` (the train split), validated on ``validation`` (the val split; None:
+    a held-out tenth of ``data``); ``options``: a
+    :class:`~symspec.alignment.LearnedOptions` (steps, rate, ``dirichlet``, ...). The
+    refined models are held in memory (``aligned``).
     """
     t0 = time.perf_counter()
     say = progress or quiet
     _check_arguments(len(models), rounds, jobs)
     m = universe_method(method, data)
+    refinement = m if _refines(m) else None
+    if refinement is not None:  # the rounds: weight matching, the refinement's start
+        from ..alignment import get_method
+
+        m = get_method("weight-perm" if refinement.groups == "perm" else "weight")
     sources = model_sources(models)
     names = [s.name for s in sources]
     start = start_index(start, names)
@@ -188,10 +202,9 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
         last = len(log.rounds)
         aligned = [load_tensors(folder.aligned(last, k)) for k in run.keys] if load_aligned else None
         timings["records"] = time.perf_counter() - tick
-    timings["total"] = time.perf_counter() - t0
     from ..alignment import mode_text
 
-    return UniverseResult(
+    result = UniverseResult(
         bound=ref.bound, models=[ModelEntry(i, s.name, run.keys[i], s.path, formats[i], stored[i]) for i, s in enumerate(sources)],
         start=start, merged=merged, records=records, history=log.history, rounds=log.rounds,
         converged=log.converged(tol, torch.finfo(ref.dtype).eps), timings=timings, executor=executor.name,
@@ -199,6 +212,34 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
         canonical_model=ref.canonical_model, reference=ref.loaded, workdir=folder.path if folder.keep else None,
         resumed=run.resumed, max_in_flight=executor.max_in_flight, method=m.name,
     )
+    if refinement is not None:
+        from .learned import refine
+
+        tick = time.perf_counter()
+        say(UniverseEvent("note", message="learned refinement"))
+
+        def stepped(ev: Any) -> None:
+            say(UniverseEvent("learn", round=ev.round, rounds=ev.rounds, done=ev.done, total=ev.total,
+                              objective=ev.objective))
+
+        result.refinement = refine(result, ref.modes, data, validation, _learned_options(options, refinement),
+                                   device=device, progress=stepped)
+        result.method = refinement.name
+        timings["refine"] = time.perf_counter() - tick
+    timings["total"] = time.perf_counter() - t0
+    return result
+
+
+def _refines(m: Any) -> bool:
+    from ..alignment.learned import LearnedMatching
+
+    return isinstance(m, LearnedMatching)
+
+
+def _learned_options(options: Any, m: Any) -> Any:
+    from ..alignment.learned import LearnedOptions
+
+    return options if isinstance(options, LearnedOptions) else LearnedOptions(permutations=m.permutations)
 
 
 def _fingerprint(cfg: RunConfig, ref: Reference, sources: Sequence[Source], start: int) -> dict[str, Any]:

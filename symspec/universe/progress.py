@@ -11,7 +11,8 @@ import attrs
 @attrs.frozen
 class UniverseEvent:
     """Progress: ``kind`` is 'prepare' (a model loaded), 'align' (a model aligned),
-    'round' (a round finished: ``objective``), or 'note' (``message``)."""
+    'round' (a round finished: ``objective``), 'learn' (a step of the learned refinement:
+    ``done`` of ``total``, the step's loss as ``objective``) or 'note' (``message``)."""
 
     kind: str
     round: int = 0

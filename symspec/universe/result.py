@@ -70,8 +70,11 @@ class UniverseResult:
     workdir: Path | None = None
     resumed: int = 0
     max_in_flight: int = 0
-    #: the registered alignment method that aligned every model in each round
+    #: the registered alignment method that aligned every model in each round (for
+    #: ``learned``: the method whose refinement followed weight matching's rounds)
     method: str = "weight"
+    #: the learned refinement's account (:mod:`symspec.universe.learned`), or None
+    refinement: dict[str, Any] | None = None
 
     @property
     def spec(self) -> Any:
@@ -140,6 +143,7 @@ class UniverseResult:
             "dtype": self.dtype,
             "resumed_tasks": self.resumed,
             "timings": dict(self.timings),
+            **({"refinement": self.refinement} if self.refinement is not None else {}),
         }
 
 
