@@ -46,8 +46,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 import trained  # noqa: E402
 
 from symspec import __version__  # noqa: E402
-from symspec.alignment import get_method, method_names, register_method  # noqa: E402
-from symspec.alignment import LearnedOptions  # noqa: E402
+from symspec.alignment import (  # noqa: E402
+    LearnedOptions,
+    get_method,
+    method_names,
+    register_method,
+)
 from symspec.alignment.learned import LearnedMatching  # noqa: E402
 from symspec.alignment.methods import WeightMatching  # noqa: E402
 from symspec.analyzers.barrier import (  # noqa: E402

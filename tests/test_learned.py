@@ -199,7 +199,7 @@ def test_a_wrong_element_is_refused_by_the_final_check(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(pm.CentredOrthogonalParam, "project", off)
     a, b = _models()
-    with pytest.raises(SolverError, match="does not compute its model.s function"):
+    with pytest.raises(SolverError, match="does not compute its model's function"):
         symspec.align(a, b, "nanogpt", method="learned", data=_data("train"),
                       options=LearnedOptions(steps=2, eval_every=1, lr=1e-2))
 
