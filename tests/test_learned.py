@@ -29,6 +29,7 @@ from symspec.loading import import_file
 from symspec.solvers import SolverError
 from symspec.solvers.parametrize import PARAMETRIZATIONS, ParamSettings, parametrize
 from tests.cli_files import ROOT, model_file, run, write_words
+from tests.zoo import ZOO
 
 GROUPS = [S(6), O(5), OC(6), GL(4), D(5), Dpos(5), RoPE(6), RoPE(8, rot=4), Id(3), Sign(4), SP(4),
           Heads(4, (("qk", GL(3)), ("ov", O(3)))), Heads(4, (("qk", RoPE(4)), ("ov", GL(4))), kv=2)]
@@ -315,3 +316,42 @@ def test_cli_universe_learned(tmp_path: Path) -> None:
     assert refinement["validation"].endswith("held out")
     code, _, err = run("universe", *args, "--steps", 3, "--out", tmp_path / "w")
     assert code == 2 and "--steps: for --method learned" in err
+
+
+# ----------------------------------------------------------------------------- every family
+
+def _family_data(model: torch.nn.Module, x: Any, seed: int) -> EvalData:
+    """The example inputs with random regression targets for the model's logits: a
+    loss every family's output has (token logits, class logits, hidden states)."""
+    from symspec.data import call_model, logits_of
+
+    with torch.no_grad():
+        out = logits_of(call_model(model, x))
+    gen = torch.Generator().manual_seed(seed)
+    targets = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+
+    def loss(output: Any, t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(logits_of(output), t)
+
+    return EvalData("family", "hook", "train", [(x, targets)] * 2, loss, None)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_learned_matching_runs_on_every_family(name: str) -> None:
+    """RoPE and partial rotary, GQA, tied and untied heads, post-norm BERT, ViTs: a few
+    steps, then every element in its group and aligned B computing B's function."""
+    from symspec.data import call_model, logits_of
+
+    a, x = ZOO[name](seed=0)
+    b, _ = ZOO[name](seed=1)
+    data = _family_data(a, x, 0)
+    res = symspec.align(a, b, name, method="learned", data=data, validation=_family_data(a, x, 1),
+                        options=LearnedOptions(steps=3, eval_every=1, lr=1e-2, lam="uniform"))
+    assert res.info["check"]["passed"], res.info["check"]
+    assert res.info["latents"] > 0
+    for s, e in res.elements.items():
+        assert res.bound.problem.spaces[s].group.contains(e, atol=1e-5), (name, s)
+    m = res.canonical_model
+    m.load_state_dict(res.aligned_b, strict=False)
+    with torch.no_grad():
+        torch.testing.assert_close(logits_of(call_model(m, x)), logits_of(call_model(b, x)), rtol=1e-4, atol=1e-4)

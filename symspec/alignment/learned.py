@@ -252,6 +252,7 @@ def check_function(run: Mixture, b_state: Mapping[str, torch.Tensor], elements: 
     import torch
 
     from ..checker import DEFAULT_RTOL, compare, flatten_outputs
+    from ..precision import KeepFloat64
     from ..data import call_model
     from ..data.base import move
     from ..transforms import apply_elements
@@ -264,7 +265,9 @@ def check_function(run: Mixture, b_state: Mapping[str, torch.Tensor], elements: 
     inputs = move(_rows(batch[0], 0, examples), run.device, torch.float64)
 
     def forward(w: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-        with torch.no_grad():
+        # float64 throughout: casts a model writes (RMSNorm computed in float32) are kept
+        # in float64, as the checker does
+        with torch.no_grad(), KeepFloat64():
             return flatten_outputs(call_model(lambda *x, **k: torch.func.functional_call(module, dict(w), x, k), inputs))
 
     max_abs, max_rel = compare(forward(b64), forward(aligned))
@@ -381,7 +384,9 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
             return mixture.mean_loss(data, mixture.mix(models(_projected_all(params)), val_weights), val)
 
     best_val = validate()
-    best = {i: {s: {k: v.detach().clone() for k, v in el.items()} for s, el in e.items()} for i, e in start.items()}
+    # the start, projected: exactly in its groups (weight matching's orthogonal maps are
+    # orthogonal to the working precision only)
+    best = _projected_all(params)
     best_step, history, val_curve = 0, [best_val], [(0, best_val)]
     train_curve: list[tuple[int, float]] = []
     info: dict[str, Any] = {
