@@ -355,3 +355,39 @@ def test_learned_matching_runs_on_every_family(name: str) -> None:
     m.load_state_dict(res.aligned_b, strict=False)
     with torch.no_grad():
         torch.testing.assert_close(logits_of(call_model(m, x)), logits_of(call_model(b, x)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_cli_learned_on_hugging_face_llama_folders(tied: bool, tmp_path: Path) -> None:
+    """What a user runs on Llama-family checkpoints (rotary buffers, GQA, tied or untied
+    head): match, then barrier with --align learned, on tokenised text."""
+    from tests.test_data_sources import PARAGRAPH, train_tokenizer
+
+    transformers = pytest.importorskip("transformers")
+    tok_dir = tmp_path / "tokenizer"
+    tok_dir.mkdir()
+    vocab = train_tokenizer(tok_dir / "tokenizer.json").get_vocab_size()
+    text = tmp_path / "story.txt"
+    text.write_text(PARAGRAPH * 30, encoding="utf-8")
+    folders = []
+    for seed in range(2):
+        torch.manual_seed(seed)
+        cfg = transformers.LlamaConfig(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, hidden_size=16,
+                                       intermediate_size=12, vocab_size=vocab, max_position_embeddings=16,
+                                       tie_word_embeddings=tied, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+        folders.append(tmp_path / f"m{seed}")
+        transformers.LlamaForCausalLM(cfg).save_pretrained(folders[-1])
+    data = f"text:{text},tokenizer={tok_dir}"
+    code, _, err = run("match", *folders, "--data", data, "--method", "learned", "--steps", 3, "--out", tmp_path / "out")
+    assert code == 0, err
+    report = json.loads((tmp_path / "out" / "match.json").read_text())
+    assert report["info"]["check"]["passed"] and report["method"] == "learned"
+    b = transformers.LlamaForCausalLM.from_pretrained(folders[1]).eval()
+    aligned = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
+    x = torch.randint(0, vocab, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(aligned(x).logits, b(x).logits, rtol=1e-4, atol=1e-4)
+    code, out, err = run("barrier", *folders, "--data", data, "--split", "test", "--points", 3, "--align", "weight",
+                         "--align", "learned", "--json")
+    assert code == 0, err
+    assert [m["method"] for m in json.loads(out)["methods"]] == ["weight", "learned"]
