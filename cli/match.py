@@ -106,7 +106,8 @@ class _Progress:
             self.bar.update(self.task, description=f"round {event.round}/{event.rounds}: {event.space}, objective {event.objective:.4g}",
                             completed=event.done, total=event.total)
         elif event.kind == "step":
-            self.bar.update(self.task, description=f"learning: step {event.round}/{event.rounds}, loss {event.objective:.4g}",
+            self.bar.update(self.task, description=f"learning: step {event.round}/{event.rounds}, loss {event.space}, "
+                                                   f"midpoint loss (validation) {event.objective:.4g}",
                             completed=event.done, total=event.total)
         elif event.kind == "round":
             self.bar.update(self.task, description=f"round {event.round} done: objective {event.objective:.4g}", completed=event.total)
@@ -218,8 +219,13 @@ def _print_summary(data: dict[str, Any]) -> None:
     if "objective" in data:
         console.print(f"symspec {data['command']}: spec '{data['spec']}', method {data.get('method', 'weight')}, "
                       f"groups {data.get('groups', 'full')}")
-        console.print("objective per round" + (" (sum over the bound parameters of ||A - g.B||^2):"
-                                               if data.get("method", "weight").startswith("weight") else ":"))
+        method = data.get("method", "weight")
+        if method.startswith("learned"):
+            console.print("loss at the midpoint on the validation data, at the start and every "
+                          f"{data['info'].get('eval_every', 'N')} steps (best step {data['info'].get('best_step')}):")
+        else:
+            console.print("objective per round" + (" (sum over the bound parameters of ||A - g.B||^2):"
+                                                   if method.startswith("weight") else ":"))
         t = Table()
         t.add_column("round", justify="right")
         t.add_column("objective", justify="right")
@@ -239,7 +245,12 @@ def _print_summary(data: dict[str, Any]) -> None:
             tt.add_row(f"  within solve: {k}", f"{v:.3f}")
         console.print(tt)
         state = "converged" if data["converged"] else "stopped at --rounds"
-        console.print(f"{data['rounds']} round(s), {state}; weight distance {data['distance']['canonical']:.6g} -> {data['distance']['aligned']:.6g}")
+        if method.startswith("learned"):
+            info = data["info"]
+            what = f"{info['steps']} step(s), the best at step {info['best_step']}, function check passed"
+        else:
+            what = f"{data['rounds']} round(s), {state}"
+        console.print(f"{what}; weight distance {data['distance']['canonical']:.6g} -> {data['distance']['aligned']:.6g}")
     console.print(f"wrote {data['out']}: {', '.join(data['files'])}")
 
 

@@ -78,6 +78,9 @@ class AlignResult:
     model_a: torch.nn.Module | None = attrs.field(default=None, repr=False)
     method: str = "weight"
     info: dict[str, Any] = attrs.field(factory=dict)
+    #: the squared weight distance of canonical A and B, measured before the method ran
+    #: (what ``distance("canonical")`` returns when canonical B was not kept)
+    canonical_distance: float | None = None
     _canonical_model: torch.nn.Module | None = attrs.field(default=None, init=False, repr=False)
 
     @property
@@ -97,8 +100,8 @@ class AlignResult:
         """Squared weight distance over the bound parameters between canonical A and
         canonical B (``which="canonical"``) or aligned B (``"aligned"``)."""
         if which == "canonical" and self.canonical_b is None:
-            if self.history:
-                return self.history[0]  # the objective at the identity is that distance
+            if self.canonical_distance is not None:
+                return self.canonical_distance  # measured before B was consumed
             raise SymspecInputError("canonical B was not kept (align(keep_canonical_b=False))")
         other = self.aligned_b if which == "aligned" else self.canonical_b
         assert other is not None
@@ -257,6 +260,7 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     modes = parse_restriction(groups if groups is not None else m.groups, problem)
     searched_problem = restrict_problem(problem, modes)
     ea, eb = _endpoints(pair, m, model_a, model_b)
+    d0 = None if keep_canonical_b else weight_distance(pair.bound_a, pair.a, pair.b)
     work_dtype = dtype or working_dtype(next((pair.a[p].dtype for p in problem.params), torch.float64))
     opts = AlignOptions(rounds=rounds, tol=tol, device=device, dtype=dtype, data=data, validation=validation,
                         progress=progress,
@@ -274,7 +278,7 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     timings["total"] = time.perf_counter() - t0
     return AlignResult(pair.bound_a, narrow_like(pair.a, pair.raw_a), cb, narrow_like(aligned, pair.raw_b), elements,
                        record, found.history, timings, found.converged, searched,
-                       model_a if isinstance(model_a, torch.nn.Module) else None, m.name, dict(found.info))
+                       model_a if isinstance(model_a, torch.nn.Module) else None, m.name, dict(found.info), d0)
 
 
 def canonical_module(bound: BoundSpec, model: torch.nn.Module, state: Mapping[str, torch.Tensor], *,

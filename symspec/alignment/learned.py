@@ -390,7 +390,7 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
     best_step, history, val_curve = 0, [best_val], [(0, best_val)]
     train_curve: list[tuple[int, float]] = []
     info: dict[str, Any] = {
-        "steps": steps, "permutations": opts.permutations, "orthogonal": opts.orthogonal, "lr": opts.lr,
+        "steps": steps, "eval_every": opts.eval_every, "permutations": opts.permutations, "orthogonal": opts.orthogonal, "lr": opts.lr,
         "batch_size": opts.batch_size, "train_batches": len(train),
         "validation": "val split" if not held_out else f"last {len(val)} train batch(es), held out",
         "latents": int(sum(t.numel() for t in latents))}
@@ -401,6 +401,7 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
     warmup = int(opts.warmup * steps)
     order = _order(len(train), gen)
     window: list[float] = []
+    reached = _max_condition(params)
     if progress is not None:
         progress(MatchEvent("start", 0, steps, total=steps, objective=best_val))
     with timer("learn"):
@@ -430,18 +431,21 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
                 window = []
                 with timer("validate"):
                     v = validate()
+                    reached = max(reached, _max_condition(params))
                 val_curve.append((done, v))
                 history.append(v)
                 if v < best_val:
                     best_val, best_step, best = v, done, _projected_all(params)
-            if progress is not None:
-                progress(MatchEvent("step", done, steps, done=done, total=steps, objective=last))
+            if progress is not None:  # the step's loss, and the last validation's
+                progress(MatchEvent("step", done, steps, space=f"{last:.4g}", done=done, total=steps,
+                                    objective=val_curve[-1][1]))
     spaces = {i: _describe(ps) for i, ps in params.items()}
     info.update({"best_step": best_step, "best_val_loss": best_val, "val_loss": val_curve, "train_loss": train_curve,
                  "spaces": spaces[next(iter(spaces))] if len(spaces) == 1 else {str(i): d for i, d in spaces.items()}})
     cond = max([v for d in spaces.values() for facts in d.values() for k, v in facts.items()
                 if k.endswith("max_condition")] or [1.0])
     info["max_condition"] = cond
+    info["max_condition_reached"] = max(reached, cond)  # over every validation
     checks = {}
     with timer("check"):
         for i in best:
@@ -452,6 +456,22 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
                                   f"relative error {c['max_rel']:.2e} > {c['rtol']:.0e} in float64); the element is not "
                                   "returned")
     return Learned(best, checks, history, info)
+
+
+def _max_condition(params: Mapping[int, Mapping[str, Any]]) -> float:
+    """The worst condition number of the learned GL maps now (1 without any)."""
+    import torch
+
+    from ..solvers.parametrize import LinearParam
+
+    worst = 1.0
+    with torch.no_grad():
+        for ps in params.values():
+            for p in ps.values():
+                for q in [p, *getattr(p, "parts", {}).values()]:
+                    if isinstance(q, LinearParam):
+                        worst = max(worst, float(torch.linalg.cond(q.element()["matrix"]).max()))
+    return worst
 
 
 def _projected_all(params: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Element]]:
