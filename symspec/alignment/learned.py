@@ -252,9 +252,9 @@ def check_function(run: Mixture, b_state: Mapping[str, torch.Tensor], elements: 
     import torch
 
     from ..checker import DEFAULT_RTOL, compare, flatten_outputs
-    from ..precision import KeepFloat64
     from ..data import call_model
     from ..data.base import move
+    from ..precision import KeepFloat64
     from ..transforms import apply_elements
 
     module = copy.deepcopy(run.module).to(torch.float64)
