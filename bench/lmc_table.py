@@ -131,14 +131,20 @@ def run_task(task: str, data: str, pairs: int, methods: list[str], points: int, 
                           "train_seconds": meta["train_seconds"], "cached": meta["cached"]})
     return {"task": task, "label": label, "spec": spec, "data": data, "recipe": recipe_name,
             "test": test.describe(), "endpoints": endpoints, "results": results, "seconds": seconds,
-            "merge": merge_all([m for m, _ in models], spec, test, log) if "universe" in methods else None}
+            "merge": (merge_all([m for m, _ in models], spec, test, log,
+                                learned=(train, val, learned_options(get_method("learned"), quick)) if "learned" in methods else None)
+                      if "universe" in methods else None)}
 
 
-def merge_all(models: list[torch.nn.Module], spec: str, test: Any, log: Any) -> dict[str, Any]:
-    """Merge every model of a task into one: plain averaging vs universe matching."""
+def merge_all(models: list[torch.nn.Module], spec: str, test: Any, log: Any,
+              learned: tuple[Any, Any, LearnedOptions] | None = None) -> dict[str, Any]:
+    """Merge every model of a task into one: plain averaging vs universe matching (and,
+    with ``learned`` = (train, val, options), universe matching with the learned
+    refinement)."""
     import copy
 
-    log(f"  merging all {len(models)} models: plain averaging and universe matching")
+    log(f"  merging all {len(models)} models: plain averaging and universe matching"
+        + (" (and its learned refinement)" if learned else ""))
     states = [{k: v.detach() for k, v in m.state_dict().items()} for m in models]
     plain = copy.deepcopy(models[0])
     plain.load_state_dict({k: sum(sd[k] for sd in states) / len(states) for k in states[0]})
@@ -149,9 +155,19 @@ def merge_all(models: list[torch.nn.Module], spec: str, test: Any, log: Any) -> 
     merged = res.canonical_model
     merged.load_state_dict(res.merged)
     uni_loss, uni_acc = trained.evaluate(merged, test)
-    return {"models": len(models), "plain_loss": plain_loss, "plain_accuracy": plain_acc,
-            "universe_loss": uni_loss, "universe_accuracy": uni_acc, "universe_seconds": seconds,
-            "universe_rounds": len(res.rounds), "objective": res.history}
+    out = {"models": len(models), "plain_loss": plain_loss, "plain_accuracy": plain_acc,
+           "universe_loss": uni_loss, "universe_accuracy": uni_acc, "universe_seconds": seconds,
+           "universe_rounds": len(res.rounds), "objective": res.history}
+    if learned is not None:
+        train, val, opts = learned
+        start = time.perf_counter()
+        res = universe_match(models, spec, method="learned", data=train, validation=val, options=opts)
+        out["learned_seconds"] = time.perf_counter() - start
+        merged = res.canonical_model
+        merged.load_state_dict(res.merged)
+        out["learned_loss"], out["learned_accuracy"] = trained.evaluate(merged, test)
+        out["refinement"] = {k: res.refinement[k] for k in ("steps", "best_step", "history", "alpha")}
+    return out
 
 
 def summary_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -204,14 +220,18 @@ def markdown(runs: list[dict[str, Any]], command: str) -> str:
     merges = [run for run in runs if run.get("merge")]
     if merges:
         lines.append("")
-        lines.append("| task | all models merged into one | endpoints' test loss / accuracy | plain averaging | universe matching | universe matching time |")
-        lines.append("|---|---:|---:|---:|---:|---:|")
+        refined = all("learned_loss" in run["merge"] for run in merges)
+        lines.append("| task | all models merged into one | endpoints' test loss / accuracy | plain averaging | universe matching | universe matching time |"
+                     + (" universe matching + learned refinement | its time |" if refined else ""))
+        lines.append("|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if refined else ""))
         for run in merges:
             mg = run["merge"]
             lm, _ = mean_stderr([e["test_loss"] for e in run["endpoints"]])
             am, _ = mean_stderr([e["test_accuracy"] for e in run["endpoints"]])
             lines.append(f"| {run['label']} | {mg['models']} | {lm:.3f} / {am:.3f} | {mg['plain_loss']:.3f} / {mg['plain_accuracy']:.3f} | "
-                         f"{mg['universe_loss']:.3f} / {mg['universe_accuracy']:.3f} | {mg['universe_seconds']:.1f} s |")
+                         f"{mg['universe_loss']:.3f} / {mg['universe_accuracy']:.3f} | {mg['universe_seconds']:.1f} s |"
+                         + (f" {mg['learned_loss']:.3f} / {mg['learned_accuracy']:.3f} | {mg['learned_seconds']:.1f} s |"
+                            if refined else ""))
     pairs = {len(run["rows"][0]["pairs_detail"]) for run in runs}
     lines.append("")
     points = {len(run["rows"][0]["lambdas"]) for run in runs}

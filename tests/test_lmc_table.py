@@ -33,9 +33,10 @@ def test_quick_table_end_to_end(tmp_path: Path) -> None:
     assert saved["quick"] is True and saved["markdown"] == doc["markdown"]
     for task in saved["tasks"]:
         methods = {r["method"]: r for r in task["rows"]}
-        assert {"none", "weight-perm", "weight", "universe"} <= set(methods)
+        assert {"none", "weight-perm", "weight", "universe", "learned", "learned-perm"} <= set(methods)
         merge = task["merge"]
         assert merge["models"] == 2 and merge["plain_loss"] > 0 and merge["universe_loss"] > 0
+        assert merge["learned_loss"] > 0 and merge["refinement"]["steps"] == 20
         for r in methods.values():
             assert r["pairs"] == 1 and r["barrier_mean"] >= 0.0
             assert len(r["loss_curve_mean"]) == 11
