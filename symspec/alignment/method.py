@@ -97,7 +97,10 @@ class Method(Protocol):
     their modules. ``groups``: the searched groups when the user gives none (``"perm"``
     for the permutation-only ablation; None: the spec's full groups). Optional:
     ``validates`` (True for a method that picks its result on ``options.validation``;
-    callers then give it a split other than the one they evaluate on)."""
+    callers then give it a split other than the one they evaluate on);
+    ``objective_is_distance`` (True when ``history[0]`` is the squared weight distance of
+    canonical A and B, as for weight matching: :func:`symspec.align` then need not
+    measure it)."""
 
     name: str
     label: str

@@ -55,6 +55,8 @@ class WeightMatching:
     needs_data: bool = False
     needs_module: bool = False
     groups: str | None = None
+    #: its objective before the first round is the squared weight distance of A and B
+    objective_is_distance: bool = True
 
     def align(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions) -> Alignment:
         from ..solvers import WeightOptions, match_weights
