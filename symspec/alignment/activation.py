@@ -47,6 +47,7 @@ class ActivationOptions:
     normalize: str = "correlation"
     sites: str = "read"
     mix: float = 1.0
+    ridge: float = 1e-3
     solver: Any = None
 
 
@@ -141,7 +142,8 @@ class ActivationMatching:
                                                 normalize=opts.normalize)
             else:
                 dtype = options.dtype or next((t.dtype for t in a.state.values() if t.is_floating_point()), torch.float32)
-                prob, sa, sb = activation_problem(problem, moments, normalize=opts.normalize, dtype=dtype)
+                prob, sa, sb = activation_problem(problem, moments, normalize=opts.normalize, dtype=dtype,
+                                                  ridge=opts.ridge)
         res = match_weights(prob, sa, sb, rounds=options.rounds, tol=options.tol, device=options.device,
                             dtype=options.dtype, init=options.init, progress=options.progress, timer=timer,
                             options=opts.solver)

@@ -170,16 +170,17 @@ def _roots(c: torch.Tensor, g: torch.Tensor, sq_a: torch.Tensor, dtype: torch.dt
 
 
 def activation_problem(problem: Problem, moments: ActivationMoments, *, normalize: str = "correlation",
-                       dtype: torch.dtype = torch.float32, scale: float = 1.0,
+                       dtype: torch.dtype = torch.float32, scale: float = 1.0, ridge: float = 0.0,
                        ) -> tuple[Problem, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``problem`` with the sites as its bound tensors (see the module): the problem, A's
     and B's tensors, for :func:`~.weight.match_weights`. ``scale`` multiplies every
-    site's objective."""
+    site's objective; ``ridge`` adds the per-head ridge of :func:`head_ridges`."""
     if normalize not in NORMALIZE:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
     params: dict[str, ParamBinding] = {}
     sd_a: dict[str, torch.Tensor] = {}
     sd_b: dict[str, torch.Tensor] = {}
+    energy: dict[str, list[float]] = {}
     for name, site in moments.sites.items():
         m = moments.moments[name]
         if m.count == 0 or not site.spaces() <= set(problem.spaces):
@@ -190,7 +191,48 @@ def activation_problem(problem: Problem, moments: ActivationMoments, *, normaliz
         binding = site.binding(la.shape[1])
         params[binding.name] = binding
         sd_a[binding.name], sd_b[binding.name] = la, lb
+        for space in site.spaces():  # B's mean energy per feature, for the ridge's scale
+            energy.setdefault(space, []).append(float(g.diagonal().sum()) * scale / max(site.size, 1))
+    if ridge > 0:
+        for binding, t in head_ridges(problem, energy, ridge, dtype):
+            params[binding.name] = binding
+            sd_a[binding.name], sd_b[binding.name] = t, t.clone()
     return attrs.evolve(problem, params=params, ties=(), invariants=()), sd_a, sd_b
+
+
+def head_ridges(problem: Problem, energy: Mapping[str, list[float]], ridge: float,
+                dtype: torch.dtype) -> list[tuple[ParamBinding, torch.Tensor]]:
+    """A ridge toward the identity on the per-head maps that are not orthogonal (GL, RoPE,
+    scalings), for activation matching: without one, directions in which B's features
+    barely vary are stretched freely (the function is kept, the interpolation is not;
+    bench/activation_attention.py). For every such part, two bound tensors, one acting as
+    the map (``co``) and one as its inverse transpose (``contra``), equal in A and B:
+    ``c [I; I; ...; I]`` (one identity block per key/value head, in shared columns), so
+    that the objective gains ``c^2 sum_j (||I - g_j||^2 + ||I - g_j^-T||^2)``, which is the
+    same for every head permutation. ``c^2 = ridge x`` the mean energy per feature of the
+    space's sites in B."""
+    from ..groups import Heads
+    from ..problem import AxisBinding, Factor, Segment
+
+    out = []
+    for space, si in problem.spaces.items():
+        group = si.group
+        if not isinstance(group, Heads) or space not in energy:
+            continue
+        level = ridge * sum(energy[space]) / len(energy[space])
+        if not level > 0:
+            continue
+        for part, g in group.parts:
+            if g.is_orthogonal() or g.is_trivial():
+                continue
+            path = (part, "kv") if part else ("kv",)
+            dh = g.n
+            block = torch.eye(dh, dtype=torch.float64).repeat(group.kv, 1) * math.sqrt(level)
+            for variance in ("co", "contra"):
+                axis = AxisBinding(0, (Segment(0, group.kv * dh, (Factor(space, path, variance),)),))
+                name = f"ridge:{space}:{part or 'within'}:{variance}"
+                out.append((ParamBinding(name, (group.kv * dh, dh), (axis,)), block.to(dtype)))
+    return out
 
 
 def combined_problem(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor],
