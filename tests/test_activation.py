@@ -197,11 +197,10 @@ def test_the_head_ridge_is_neutral_to_head_permutations() -> None:
     recovered exactly; a planted general element is not (the ridge pulls toward the
     identity: its negative case) while ridge=0 recovers it. (What the ridge does to the
     conditioning of real pairs: bench/activation_attention.py.)"""
-    from symspec.alignment import ActivationOptions
-    from symspec.groups import Heads
-
     import copy
 
+    from symspec.alignment import ActivationOptions
+    from symspec.groups import Heads
     from symspec.transforms import apply_elements
 
     base, data = _planted_data("nanogpt")
