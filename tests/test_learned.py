@@ -225,7 +225,9 @@ def test_a_state_dict_or_missing_data_is_refused() -> None:
         symspec.align(a, b, "nanogpt", method="learned", data=one, options=LearnedOptions(steps=1))
 
 
-def test_cli_match_learned_writes_the_usual_outputs(tmp_path: Path) -> None:
+def _checkpoints(tmp_path: Path) -> tuple[Path, list[Any]]:
+    """Two nanoGPT checkpoints of a model file and a word text: (the model file, the CLI
+    arguments ``m0.pt m1.pt --model FILE --data text:WORDS``)."""
     from symspec.loading import load_model
 
     text = tmp_path / "words.txt"
@@ -234,7 +236,13 @@ def test_cli_match_learned_writes_the_usual_outputs(tmp_path: Path) -> None:
     for i in range(2):
         torch.manual_seed(i)
         torch.save(type(lm)(lm.config).state_dict(), tmp_path / f"m{i}.pt")
-    args = [tmp_path / "m0.pt", tmp_path / "m1.pt", "--model", mf, "--data", f"text:{text}"]
+    return mf, [tmp_path / "m0.pt", tmp_path / "m1.pt", "--model", mf, "--data", f"text:{text}"]
+
+
+def test_cli_match_learned_writes_the_usual_outputs(tmp_path: Path) -> None:
+    from symspec.loading import load_model
+
+    mf, args = _checkpoints(tmp_path)
     code, _, err = run("match", *args, "--method", "learned", "--steps", 4, "--lr", 0.01, "--lambda", "fixed:0.5",
                        "--out", tmp_path / "m", "--json")
     assert code == 0, err
@@ -296,15 +304,7 @@ def test_universe_learned_refinement_lowers_the_merged_loss_and_keeps_every_func
 
 
 def test_cli_universe_learned(tmp_path: Path) -> None:
-    from symspec.loading import load_model
-
-    text = tmp_path / "words.txt"
-    mf = model_file(tmp_path, "gpt.py", write_words(text))
-    lm = load_model(mf).model
-    for i in range(2):
-        torch.manual_seed(i)
-        torch.save(type(lm)(lm.config).state_dict(), tmp_path / f"m{i}.pt")
-    args = [tmp_path / "m0.pt", tmp_path / "m1.pt", "--model", mf, "--data", f"text:{text}"]
+    _, args = _checkpoints(tmp_path)
     code, out, err = run("universe", *args, "--method", "learned", "--steps", 4, "--alpha", 0.5, "--rounds", 2,
                          "--out", tmp_path / "u", "--json")
     assert code == 0, err

@@ -41,7 +41,10 @@ class ActivationOptions:
     second moments everywhere. ``sites``: ``read`` (default) records one site per chain of
     elementwise functions (what the next layer reads), ``all`` every site. ``mix``: in
     ``weight+activation``, the activation terms' energy relative to the weights'.
-    ``solver``: the descent's knobs (:class:`~symspec.solvers.WeightOptions`)."""
+    ``ridge``: in ``activation``, a ridge toward the identity on the per-head maps that
+    are not orthogonal, relative to the sites' energy
+    (:func:`~symspec.solvers.activation_statistics.head_ridges`; 0: none, which exact
+    recovery of a planted element needs). ``solver``: the descent's knobs (:class:`~symspec.solvers.WeightOptions`)."""
 
     batches: int | None = 32
     normalize: str = "correlation"
