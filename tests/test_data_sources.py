@@ -123,6 +123,30 @@ def test_splits_are_cut_by_characters_then_tokenised(lm: dict[str, Any]) -> None
     assert seen == len(text)
 
 
+def test_max_samples_tokenises_a_prefix_with_the_same_windows(lm: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--max-samples tokenises a prefix of the split, not all of it, and gives the same
+    windows as the first ones of the whole split."""
+    from symspec.data.tokenizer import TextTokenizer
+
+    big = lm["root"] / "long.txt"
+    big.write_text(PARAGRAPH * 400, encoding="utf-8")
+    model = lm["loaded"].model
+    whole = load_data(f"text:{big}", model=model, split="train", batch_size=4, model_dir=lm["model"])
+    seen: list[int] = []
+    encode = TextTokenizer.encode
+
+    def recording(self: Any, text: str) -> torch.Tensor:
+        seen.append(len(text))
+        return encode(self, text)
+
+    monkeypatch.setattr(TextTokenizer, "encode", recording)
+    few = load_data(f"text:{big}", model=model, split="train", batch_size=4, model_dir=lm["model"], max_samples=6)
+    assert few.examples == 6 and max(seen) < whole.details["characters"] / 4
+    x_few = torch.cat([b[0][0] for b in few.batches])
+    x_all = torch.cat([b[0][0] for b in whole.batches])[:6]
+    assert torch.equal(x_few, x_all)
+
+
 def test_block_option_and_default_block(lm: dict[str, Any]) -> None:
     model = lm["loaded"].model
     data = load_data(f"text:{lm['text']},block=5", model=model, split="train", max_samples=7, batch_size=4)

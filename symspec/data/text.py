@@ -115,8 +115,11 @@ def _character_ids(req: DataRequest, where: Path | str, part: str,
                         "a character model must be evaluated with the alphabet it was trained on "
                         "(use the same text, or text:PATH,alphabet=TRAINING_TEXT), a token model with its "
                         f"tokenizer (text:PATH,tokenizer=DIR{folder})")
+    context = _context(req, None)
+    if req.max_samples is not None:  # the windows kept, not the whole split
+        part = part[: req.max_samples * context + 1]
     ids = torch.tensor([index[c] for c in part], dtype=torch.long)
-    return ids, {"vocab": vocab, "context": _context(req, None)}
+    return ids, {"vocab": vocab, "context": context}
 
 
 def _token_ids(req: DataRequest, where: Path | str, part: str,
@@ -125,7 +128,7 @@ def _token_ids(req: DataRequest, where: Path | str, part: str,
         raise DataError(f"--data {req.source}: alphabet= is for character text, but the text is tokenised with "
                         f"{tok.source}")
     context = _context(req, MAX_DEFAULT_BLOCK)
-    ids = tok.encode(part)
+    ids = _encode(tok, part, None if req.max_samples is None else req.max_samples * context + 1)
     model_vocab = config_int(req.model, "vocab_size")
     top = int(ids.max()) if len(ids) else -1
     if model_vocab is not None and top >= model_vocab:
@@ -134,6 +137,27 @@ def _token_ids(req: DataRequest, where: Path | str, part: str,
     facts = {"vocab": model_vocab if model_vocab is not None else tok.vocab_size, "context": context,
              "tokenizer": str(tok.source), "tokenizer_vocab": tok.vocab_size, "tokens": len(ids), "max_id": top}
     return ids, facts
+
+
+#: tokens encoded beyond a prefix's cut and dropped (a word cut in two tokenises differently)
+_CUT_MARGIN = 64
+
+
+def _encode(tok: TextTokenizer, text: str, needed: int | None) -> torch.Tensor:
+    """The token ids of ``text``, or with ``needed``, its first ``needed`` ids (at least;
+    all of them when the text has fewer) from the shortest prefix that holds them plus a
+    margin: --max-samples does not tokenise a whole split. Tokenizers act locally, so the
+    ids before the margin are those of the whole text."""
+    if needed is None:
+        return tok.encode(text)
+    size = max(4 * needed, 1024)  # characters: a token is rarely shorter than a quarter of one
+    while True:
+        ids = tok.encode(text[:size])
+        if size >= len(text):
+            return ids
+        if len(ids) >= needed + _CUT_MARGIN:
+            return ids[: len(ids) - _CUT_MARGIN]
+        size *= 2
 
 
 register_source("text", text_data, options=TEXT_OPTIONS,
