@@ -358,10 +358,12 @@ def _print(report: dict[str, Any], result: Any, analysis: Any, written: dict[str
 
         t.add_row("endpoints (mean)", f"{mean:.4f}", acc(report["analysis"]["endpoints_mean"]["accuracy"]), "0")
         t.add_row("vanilla averaging", f"{analysis.plain.loss:.4f}", acc(analysis.plain.accuracy), f"{analysis.plain.loss - mean:+.4f}")
-        t.add_row("universe matching", f"{analysis.merged.loss:.4f}", acc(analysis.merged.accuracy), f"{analysis.merged.loss - mean:+.4f}")
+        merged = "universe matching" + (" + learned refinement" if result.refinement is not None else "")
+        t.add_row(merged, f"{analysis.merged.loss:.4f}", acc(analysis.merged.accuracy), f"{analysis.merged.loss - mean:+.4f}")
         console.print(t)
         for s in analysis.surfaces:
-            console.print(f"simplex ({s.label}): max deviation {s.max_deviation:.4f} at weights "
+            label = merged if s.method == "universe" else s.label
+            console.print(f"simplex ({label}): max deviation {s.max_deviation:.4f} at weights "
                           f"{', '.join(f'{w:.2f}' for w in s.argmax)} ({len(s.weights)} points)")
     console.print(f"wrote {written['merged']}, {len(written['aligned'])} aligned models, transforms, {written['report']}"
                   + (f", {plot}" if plot else ""))

@@ -220,9 +220,14 @@ def test_a_state_dict_or_missing_data_is_refused() -> None:
     a, b = _models()
     with pytest.raises(SymspecInputError, match="needs data"):
         symspec.align(a, b, "nanogpt", method="learned")
-    one = EvalData("x", "hook", "train", _data("train").batches[:1], _data("train").loss, None)
+    (x,), y = _data("train").batches[0]
+    one = EvalData("x", "hook", "train", [((x[:1],), y[:1])], _data("train").loss, None)
     with pytest.raises(SymspecInputError, match="validation"):
         symspec.align(a, b, "nanogpt", method="learned", data=one, options=LearnedOptions(steps=1))
+    # one batch of 8 sequences: the last one is held out for validation
+    single = EvalData("x", "hook", "train", _data("train").batches[:1], _data("train").loss, None)
+    res = symspec.align(a, b, "nanogpt", method="learned", data=single, options=LearnedOptions(steps=2, eval_every=1))
+    assert res.info["validation"] == "the last 1 train examples, held out" and res.info["train_batches"] == 1
 
 
 def _checkpoints(tmp_path: Path) -> tuple[Path, list[Any]]:

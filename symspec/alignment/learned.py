@@ -16,7 +16,7 @@ holding the interpolated tensors, so the path is one of the architecture's own m
 - AdamW on the latents, linear warm-up then cosine decay; ``steps`` or ``epochs`` over
   the train split, in batches of ``batch_size`` examples (the data's own by default);
 - every ``eval_every`` steps the loss at the midpoint (lambda = 0.5) on the validation
-  split (``options.validation``; without one the last tenth of the train batches is
+  split (``options.validation``; without one the last tenth of the train examples is
   held out), with the element projected exactly onto its group; the best element seen
   (weight matching's included) is the result;
 - deterministic given ``seed`` (batch order and lambdas from one generator);
@@ -360,6 +360,7 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
     best element is then checked to keep its model's function (a failure raises)."""
     import torch
 
+    from ..data.base import batch_len
     from ..solvers import MatchEvent, SolverError, Timer
     from ..solvers.parametrize import ParamSettings, finite_or_raise, parametrize
 
@@ -392,7 +393,8 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
     info: dict[str, Any] = {
         "steps": steps, "eval_every": opts.eval_every, "permutations": opts.permutations, "orthogonal": opts.orthogonal, "lr": opts.lr,
         "batch_size": opts.batch_size, "train_batches": len(train),
-        "validation": "val split" if not held_out else f"last {len(val)} train batch(es), held out",
+        "validation": ("val split" if not held_out
+                       else f"the last {sum(batch_len(t) for _, t in val)} train examples, held out"),
         "latents": int(sum(t.numel() for t in latents))}
     if not latents:  # every space frozen (a permutation-only problem with frozen permutations)
         info["note"] = "nothing to learn: every searched group is frozen (try --permutations ste)"
@@ -500,17 +502,33 @@ def _order(n: int, gen: torch.Generator) -> list[int]:
 
 
 def _splits(data: Any, validation: Any, opts: LearnedOptions) -> tuple[list[Any], list[Any], bool]:
-    """(train batches, validation batches, whether validation was held out of train)."""
+    """(train batches, validation batches, whether validation was held out of train).
+    Without validation data, the last tenth of the train examples (at least one) is held
+    out, cutting a batch where needed."""
+    from ..data.base import batch_len
+
     batches = list(getattr(data, "batches", None) or [])
     if not batches:
         raise SymspecInputError("learned matching: the data has no batches to learn on")
     val = list(getattr(validation, "batches", None) or [])
     held_out = False
     if not val:
-        if len(batches) < 2:
-            raise SymspecInputError("learned matching needs validation data, or at least 2 train batches to hold one out")
-        k = max(1, len(batches) // 10)
-        batches, val, held_out = batches[:-k], batches[-k:], True
+        sizes = [batch_len(t) for _, t in batches]
+        total = sum(sizes)
+        if total < 2:
+            raise SymspecInputError("learned matching needs validation data, or at least 2 train examples to hold one out")
+        keep = total - max(1, total // 10)  # examples left to train on
+        train: list[Any] = []
+        for (inputs, targets), n in zip(batches, sizes):
+            take = min(n, keep)
+            if take == n:
+                train.append((inputs, targets))
+            else:
+                if take > 0:
+                    train.append((_rows(inputs, 0, take), _rows(targets, 0, take)))
+                val.append((_rows(inputs, take, n), _rows(targets, take, n)))
+            keep -= take
+        batches, held_out = train, True
     if opts.val_batches is not None:
         val = val[: opts.val_batches]
     return _rebatch(batches, opts.batch_size), val, held_out
