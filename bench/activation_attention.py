@@ -15,8 +15,6 @@ trains (bench/cache) and ../shared/data/tinyshakespeare.txt.
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,6 @@ import symspec  # noqa: E402
 from symspec.alignment import ActivationOptions  # noqa: E402
 from symspec.analyzers.barrier import loss_barrier  # noqa: E402
 from symspec.analyzers.interpolate import PathEvaluator  # noqa: E402
-from symspec.outputs import atomic_write_text  # noqa: E402
 from symspec.transforms import apply_elements  # noqa: E402
 
 
@@ -78,11 +75,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             conditions[f"{s} {method}"] = {"perm": e["perm"].tolist(), **conds}
             print(f"{s} {method:<12} heads {e['perm'].tolist()} max condition qk {conds['qk']:.1f} ov {conds['ov']:.1f}")
     doc = {"schema": "symspec.activation_attention/1",
-           "command": shlex.join(["python", "bench/activation_attention.py", *(argv if argv is not None else sys.argv[1:])]),
+           "command": trained.command_line("activation_attention.py", argv),
            "seeds": seeds, "barriers": rows, "conditions": conditions}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    trained.write_results(args.out, doc)
     return doc
 
 

@@ -19,9 +19,7 @@ trains (bench/cache; trained here the first time) and ../shared/data.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -36,7 +34,6 @@ import trained  # noqa: E402
 
 from symspec.alignment import LearnedOptions  # noqa: E402
 from symspec.analyzers.barrier import Measurer  # noqa: E402
-from symspec.outputs import atomic_write_text  # noqa: E402
 
 TASKS = {"gpt": ("nanogpt", f"text:{trained.DEFAULT_TEXT}"), "vit": ("vit", f"mnist:{trained.DEFAULT_MNIST}")}
 VARIANTS = {"exp": ("exp", "frozen"), "polar": ("polar", "frozen"), "exp+ste": ("exp", "ste"),
@@ -93,12 +90,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{task:<5} {name:<13} {r.barrier.value:>8.3f} {facts['best_val_midpoint']:>8.3f} "
                   f"{facts['start_val_midpoint']:>8.3f} {seconds:>8.1f} {angle if angle is not None else float('nan'):>6.3f} "
                   f"{facts['ff_moved']:>8.3f} {facts['max_condition'] or float('nan'):>9.1f}", flush=True)
-    doc = {"schema": "symspec.bench_learned/1", "command": shlex.join(["python", "bench/bench_learned.py", *(argv if argv is not None else sys.argv[1:])]),
+    doc = {"schema": "symspec.bench_learned/1", "command": trained.command_line("bench_learned.py", argv),
            "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()},
            "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    trained.write_results(args.out, doc)
     return doc
 
 

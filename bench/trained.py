@@ -54,6 +54,22 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command that ran ``bench/SCRIPT`` with ``argv`` (the process's when None)."""
+    import shlex
+
+    return shlex.join(["python", f"bench/{script}", *(argv if argv is not None else sys.argv[1:])])
+
+
+def write_results(out: Path, doc: dict[str, Any]) -> None:
+    """A benchmark's results file, written atomically (its folder made when missing)."""
+    from symspec.outputs import atomic_write_text
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(doc, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+
+
 def example(name: str) -> Any:
     return import_file(ROOT / "examples" / f"{name}.py")
 
