@@ -334,13 +334,16 @@ def _dense(m: torch.Tensor) -> Action:
     return act
 
 
-@parametrization("S")
-class PermutationParam(Param):
-    def __init__(self, group: Group, start: Element, settings: ParamSettings) -> None:
-        super().__init__(group, start, settings)
-        self.learned = (LearnedPermutation(self.start["perm"], settings.permutations, settings)
-                        if settings.permutations != "frozen" and self.start["perm"].ndim == 1 else None)
-        self._matrix: torch.Tensor | None = None
+class _PermutationLatent(Param):
+    """A parametrisation whose permutation ``perm`` may be learned (``self.learned``)."""
+
+    learned: LearnedPermutation | None = None
+
+    def learn_permutation(self, perm0: torch.Tensor, settings: ParamSettings, can: bool) -> None:
+        """Learn ``perm0`` when the settings say so and ``can`` (a single permutation of
+        more than one thing)."""
+        self.learned = (LearnedPermutation(perm0, settings.permutations, settings)
+                        if settings.permutations != "frozen" and can else None)
 
     def latents(self) -> list[torch.Tensor]:
         return [self.learned.z] if self.learned is not None else []
@@ -348,6 +351,16 @@ class PermutationParam(Param):
     def anneal(self, fraction: float) -> None:
         if self.learned is not None:
             self.learned.anneal(fraction)
+
+    def perm(self) -> torch.Tensor:
+        return self.learned.hard() if self.learned is not None else self.start["perm"]
+
+
+@parametrization("S")
+class PermutationParam(_PermutationLatent):
+    def __init__(self, group: Group, start: Element, settings: ParamSettings) -> None:
+        super().__init__(group, start, settings)
+        self.learn_permutation(self.start["perm"], settings, self.start["perm"].ndim == 1)
 
     def element(self) -> Element:
         if self.learned is None:
@@ -365,7 +378,7 @@ class PermutationParam(Param):
 
 
 @parametrization("Heads")
-class HeadsParam(Param):
+class HeadsParam(_PermutationLatent):
     """The head permutation (key/value groups) learned or frozen; each part's within-head
     elements by their own kind, batched over the key/value heads."""
 
@@ -375,27 +388,19 @@ class HeadsParam(Param):
         self.heads = group
         self.parts = {name: parametrize(g, group.within(self.start, name), attrs.evolve(settings, permutations="frozen"))
                       for name, g in group.parts}
-        self.learned = (LearnedPermutation(self.start["perm"], settings.permutations, settings)
-                        if settings.permutations != "frozen" and group.kv > 1 else None)
+        self.learn_permutation(self.start["perm"], settings, group.kv > 1)
 
     def latents(self) -> list[torch.Tensor]:
-        out = [t for p in self.parts.values() for t in p.latents()]
-        return out + ([self.learned.z] if self.learned is not None else [])
-
-    def anneal(self, fraction: float) -> None:
-        if self.learned is not None:
-            self.learned.anneal(fraction)
+        return [t for p in self.parts.values() for t in p.latents()] + super().latents()
 
     def _assemble(self, perm: torch.Tensor, parts: dict[str, Element]) -> Element:
         return self.heads._assemble(perm, self.start["qperm"], parts)
 
     def element(self) -> Element:
-        perm = self.learned.hard() if self.learned is not None else self.start["perm"]
-        return self._assemble(perm, {n: p.element() for n, p in self.parts.items()})
+        return self._assemble(self.perm(), {n: p.element() for n, p in self.parts.items()})
 
     def project(self) -> Element:
-        perm = self.learned.hard() if self.learned is not None else self.start["perm"]
-        return self._assemble(perm.clone(), {n: p.project() for n, p in self.parts.items()})
+        return self._assemble(self.perm().clone(), {n: p.project() for n, p in self.parts.items()})
 
     def action(self) -> Action | None:
         if self.learned is None:
