@@ -156,3 +156,24 @@ def config_warning(a: Any, b: Any, names: tuple[str, str], mixing: str) -> str |
     fields = "; ".join(f"{k}: {va!r} vs {vb!r}" for k, (va, vb) in diff.items())
     return (f"warning: {names[0]} and {names[1]} have different configs ({fields}): same weight shapes, "
             f"but not the same function; their {mixing} mixes two models")
+
+
+def learned_options(method: Any, flags: dict[str, tuple[str, Any]]) -> Any:
+    """The learned-matching flags given (field of
+    :class:`~symspec.alignment.LearnedOptions` -> (flag, value or None)) as LearnedOptions,
+    with the method's own default permutations; None when none is given. Refused (one
+    line, exit 2) for a method that is not learned matching, and for --steps with
+    --epochs."""
+    given = {field: (flag, value) for field, (flag, value) in flags.items() if value is not None}
+    if not given:
+        return None
+    from symspec.alignment import LearnedOptions
+    from symspec.alignment.learned import LearnedMatching
+    from symspec.errors import SymspecInputError
+
+    if not isinstance(method, LearnedMatching):
+        names = ", ".join(flag for flag, _ in given.values())
+        raise SymspecInputError(f"{names}: for --method learned (or learned-perm), not '{method.name}'")
+    if "steps" in given and "epochs" in given:
+        raise SymspecInputError("--steps and --epochs: give one of them")
+    return LearnedOptions(**{"permutations": method.permutations, **{f: v for f, (_, v) in given.items()}})

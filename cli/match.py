@@ -154,27 +154,20 @@ def default_method(method: str | None, data_arg: str | None) -> str:
     return DATA_DEFAULT if data_arg is not None else "weight"
 
 
+#: learned matching's flags: click's parameter name -> (the flag, the LearnedOptions field)
 LEARN_FLAGS = {"learn_steps": ("--steps", "steps"), "learn_epochs": ("--epochs", "epochs"), "learn_lr": ("--lr", "lr"),
                "learn_batch_size": ("--batch-size", "batch_size"), "learn_lambda": ("--lambda", "lam"),
                "learn_permutations": ("--permutations", "permutations"), "learn_seed": ("--seed", "seed")}
 
 
 def learned_options(method: str, learn: dict[str, Any]) -> Any:
-    """The learned-matching flags as :class:`~symspec.alignment.LearnedOptions` (None when
-    none is given); refused for other methods."""
-    given = {k: v for k, v in learn.items() if v is not None}
-    if not given:
-        return None
-    from symspec.alignment import LearnedOptions, get_method
-    from symspec.alignment.learned import LearnedMatching
+    """The learned-matching flags of match/merge as LearnedOptions (None when none is
+    given; see :func:`symspec.cli._common.learned_options`)."""
+    from symspec.alignment import get_method
 
-    m = get_method(method)
-    if not isinstance(m, LearnedMatching):
-        flags = ", ".join(LEARN_FLAGS[k][0] for k in given)
-        raise _input_error(f"{flags}: for --method learned (or learned-perm), not '{method}'")
-    if "learn_steps" in given and "learn_epochs" in given:
-        raise _input_error("--steps and --epochs: give one of them")
-    return LearnedOptions(**{"permutations": m.permutations, **{LEARN_FLAGS[k][1]: v for k, v in given.items()}})
+    from ._common import learned_options as from_flags
+
+    return from_flags(get_method(method), {field: (flag, learn.get(key)) for key, (flag, field) in LEARN_FLAGS.items()})
 
 
 def _align(la: Any, lb: Any, spec: Any, method: str | None, data_arg: str | None, factory: str | None,

@@ -18,6 +18,7 @@ from ._common import (
     data_inputs,
     echo_json,
     handle_errors,
+    learned_options,
     progress_bar,
     resolve_spec,
     stderr_console,
@@ -118,7 +119,8 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
 
     started = time.perf_counter()
     m = universe_method(method, data_arg)  # before any work: a method universe matching cannot run
-    options = _learned_options(m, learn_steps, learn_lr, learn_alpha, learn_seed)
+    options = learned_options(m, {"steps": ("--steps", learn_steps), "lr": ("--lr", learn_lr),
+                                  "dirichlet": ("--alpha", learn_alpha), "seed": ("--seed", learn_seed)})
     paths, factory, start = _check_inputs(models, out, spec_arg, factory, data_arg, start_arg, ray_address, simplex,
                                           resolution, overwrite)
     out_dir = Path(out)
@@ -204,22 +206,6 @@ def _default_spec(paths: list[str], start: int | str, factory: str | None) -> An
 
     first = load_model(paths[start] if isinstance(start, int) else paths[0], factory=factory)
     return resolve_spec(None, first.model, first.spec_hint())
-
-
-def _learned_options(m: Any, steps: int | None, lr: float | None, alpha: float | None, seed: int | None) -> Any:
-    """--steps/--lr/--alpha/--seed as LearnedOptions (None when none is given); refused
-    for a method without a learned refinement."""
-    given = {k: v for k, v in {"steps": steps, "lr": lr, "dirichlet": alpha, "seed": seed}.items() if v is not None}
-    if not given:
-        return None
-    from symspec.alignment import LearnedOptions
-    from symspec.alignment.learned import LearnedMatching
-    from symspec.errors import SymspecInputError
-
-    if not isinstance(m, LearnedMatching):
-        flags = ", ".join("--alpha" if k == "dirichlet" else f"--{k}" for k in given)
-        raise SymspecInputError(f"{flags}: for --method learned (or learned-perm), not '{m.name}'")
-    return LearnedOptions(permutations=m.permutations, **given)
 
 
 def _align_data(paths: list[str], start: int | str, factory: str | None, data_arg: str | None, batch_size: int,

@@ -127,9 +127,9 @@ class LearnedOptions:
             raise SymspecInputError(f"orthogonal: use {', '.join(ORTHOGONAL)}, got {self.orthogonal!r}")
 
 
-def _options(tuning: Any, permutations: str) -> LearnedOptions:
+def as_options(tuning: Any, permutations: str) -> LearnedOptions:
     """``tuning`` as :class:`LearnedOptions`: itself, or weight matching's knobs alone
-    (with the method's own default ``permutations``)."""
+    (None: the defaults), with the method's own default ``permutations``."""
     if isinstance(tuning, LearnedOptions):
         return tuning
     return LearnedOptions(solver=tuning, permutations=permutations)
@@ -315,7 +315,7 @@ class LearnedMatching:
 
         from ..solvers import Timer
 
-        opts = _options(options.tuning, self.permutations)
+        opts = as_options(options.tuning, self.permutations)
         timer = options.timer or Timer()
         t_start = time.perf_counter()
         with timer("start"):
@@ -362,7 +362,7 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
 
     from ..data.base import batch_len
     from ..solvers import MatchEvent, SolverError, Timer
-    from ..solvers.parametrize import ParamSettings, finite_or_raise, parametrize
+    from ..solvers.parametrize import ParamSettings, parametrize
 
     timer = timer or Timer()
     problem = mixture.problem
@@ -421,11 +421,13 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
             elements = {i: {s: p.element() for s, p in ps.items()} for i, ps in params.items()}
             actions = {i: {s: act for s, p in ps.items() if (act := p.action()) is not None} for i, ps in params.items()}
             loss = mixture.loss(data, mixture.mix(models(elements, actions), w), batch)
-            finite_or_raise(loss, f"the interpolated model's loss at step {step + 1}")
+            last = float(loss.detach())
+            if not math.isfinite(last):
+                raise SolverError(f"learned matching: the interpolated model's loss at step {step + 1} is not finite "
+                                  "(lower --lr?)")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            last = float(loss.detach())
             window.append(last)
             done = step + 1
             if done % opts.eval_every == 0 or done == steps:
@@ -444,8 +446,7 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
     spaces = {i: _describe(ps) for i, ps in params.items()}
     info.update({"best_step": best_step, "best_val_loss": best_val, "val_loss": val_curve, "train_loss": train_curve,
                  "spaces": spaces[next(iter(spaces))] if len(spaces) == 1 else {str(i): d for i, d in spaces.items()}})
-    cond = max([v for d in spaces.values() for facts in d.values() for k, v in facts.items()
-                if k.endswith("max_condition")] or [1.0])
+    cond = _max_condition(params)  # the last step's
     info["max_condition"] = cond
     info["max_condition_reached"] = max(reached, cond)  # over every validation
     checks = {}

@@ -41,7 +41,6 @@ variance acts the same way), which :func:`symspec.transforms.apply_elements` tak
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -426,8 +425,3 @@ class HeadsParam(_PermutationLatent):
             for k, v in p.describe().items():
                 out[f"{name or 'within'}.{k}"] = v
         return out
-
-
-def finite_or_raise(x: torch.Tensor, what: str) -> None:
-    if not math.isfinite(float(x.detach())):
-        raise SolverError(f"learned matching: {what} is not finite (lower --lr?)")

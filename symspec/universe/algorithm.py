@@ -60,7 +60,7 @@ class Run:
         return len(self.names)
 
 
-class _Mean:
+class RunningMean:
     """A running sum in float64, added to in index order: the mean is bitwise the same
     whatever order the models were aligned in."""
 
@@ -89,7 +89,7 @@ class _Round:
         self.run, self.r, self.say = run, r, say
         self.results: dict[int, Result] = {}
         self.failures: list[Result] = []
-        self.mean = _Mean()
+        self.mean = RunningMean()
         self.next = 0
 
     def feed(self) -> None:

@@ -222,7 +222,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
             say(UniverseEvent("learn", round=ev.round, rounds=ev.rounds, done=ev.done, total=ev.total,
                               objective=ev.objective))
 
-        result.refinement = refine(result, ref.modes, data, validation, _learned_options(options, refinement),
+        result.refinement = refine(result, ref.modes, data, validation, _learned(options, refinement),
                                    device=device, progress=stepped)
         result.method = refinement.name
         timings["refine"] = time.perf_counter() - tick
@@ -236,10 +236,10 @@ def _refines(m: Any) -> bool:
     return isinstance(m, LearnedMatching)
 
 
-def _learned_options(options: Any, m: Any) -> Any:
-    from ..alignment.learned import LearnedOptions
+def _learned(options: Any, m: Any) -> Any:
+    from ..alignment.learned import as_options
 
-    return options if isinstance(options, LearnedOptions) else LearnedOptions(permutations=m.permutations)
+    return as_options(options, m.permutations)
 
 
 def _fingerprint(cfg: RunConfig, ref: Reference, sources: Sequence[Source], start: int) -> dict[str, Any]:

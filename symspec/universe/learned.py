@@ -27,6 +27,7 @@ import torch
 from ..alignment.learned import LearnedOptions, Mixture, learn
 from ..solvers import embed, restrict_problem
 from ..transforms import apply_elements
+from .algorithm import RunningMean
 from .errors import UniverseError
 
 
@@ -68,7 +69,10 @@ def refine(result: Any, modes: Mapping[str, str], data: Any, validation: Any, op
         result.records[i] = attrs.evolve(record, elements=full,
                                          meta={**record.meta, "refined": "learned", "alpha": alpha})
     result.aligned = refined
-    result.merged = _mean(refined, result.merged)
+    mean = RunningMean()  # as the rounds average: float64, in index order
+    for sd in refined:
+        mean.add(sd)
+    result.merged = mean.mean(next(v.dtype for v in result.merged.values() if v.is_floating_point()))
     info = {"alpha": alpha, "history": found.history, **found.info,
             "checks": {result.models[i].name: c for i, c in found.checks.items()}}
     info["best_val_merged_loss"] = info.pop("best_val_loss")
@@ -78,17 +82,3 @@ def refine(result: Any, modes: Mapping[str, str], data: Any, validation: Any, op
 
 def _dtype(e: Mapping[str, torch.Tensor]) -> torch.dtype:
     return next((v.dtype for v in e.values() if v.is_floating_point()), torch.float64)
-
-
-def _mean(states: list[Mapping[str, torch.Tensor]], like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The mean of ``states`` (float64 accumulation), in the dtypes of ``like``."""
-    out = {}
-    for k, ref in like.items():
-        if not ref.is_floating_point():
-            out[k] = ref
-            continue
-        acc = torch.zeros(ref.shape, dtype=torch.float64)
-        for sd in states:
-            acc += sd[k].detach().to("cpu", torch.float64)
-        out[k] = (acc / len(states)).to(ref.dtype)
-    return out
