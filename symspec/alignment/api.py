@@ -266,10 +266,9 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     d0 = None if keep_canonical_b or known else weight_distance(pair.bound_a, pair.a, pair.b)
     work_dtype = dtype or working_dtype(next((pair.a[p].dtype for p in problem.params), torch.float64))
     opts = AlignOptions(rounds=rounds, tol=tol, device=device, dtype=dtype, data=data, validation=validation,
-                        progress=progress,
-                        timer=timer, tuning=options, consume_b=not keep_canonical_b)
+                        progress=progress, timer=timer, tuning=options, consume_b=not keep_canonical_b)
     found = m.align(searched_problem, ea, eb, opts)
-    if d0 is None and known and not keep_canonical_b and found.history:
+    if known and not keep_canonical_b and found.history:
         d0 = found.history[0]
     elements = {s: embed(problem.spaces[s].group, searched_problem.spaces[s].group, e, work_dtype)
                 for s, e in found.elements.items()}
