@@ -269,6 +269,8 @@ def test_cli_match_learned_writes_the_usual_outputs(tmp_path: Path) -> None:
     assert code == 2 and "--steps: for --method learned (or learned-perm)" in err and not (tmp_path / "x").exists()
     code, _, err = run("match", *args, "--method", "learned", "--lambda", "wide", "--out", tmp_path / "y")
     assert code == 2 and "--lambda wide" in err
+    code, _, err = run("match", *args, "--method", "learned", "--steps", 3, "--epochs", 1, "--out", tmp_path / "e")
+    assert code == 2 and "--steps and --epochs: give one of them" in err and not (tmp_path / "e").exists()
     code, _, err = run("merge", *args, "--no-align", "--lr", 0.1, "--out", tmp_path / "z")
     assert code == 2 and "--lr: for --method learned (or learned-perm)" in err
 
