@@ -1,0 +1,217 @@
+"""``symspec.infer``: a checked spec drafted from the traced graph.
+
+1. Trace the model with ``torch.export`` (ATen ops: the same graph for plain PyTorch,
+   Hugging Face and timm models).
+2. Read it into axis classes (:mod:`.walk`) and propose, per class, the largest group its
+   evidence allows (:mod:`.lattice`): the residual stream, attention heads (QK and OV maps,
+   rotary tables, grouped key/value heads), MLP units (and the scalings a gated or ReLU
+   unit admits), the norms to fold and the writers to centre.
+3. Render the draft (:mod:`.render`) and run :func:`symspec.check` on it. A space whose
+   check fails is shrunk to the next smaller group the evidence can justify
+   (GL -> O -> S -> identity; RoPE or GL head maps -> identity; scalings -> positive ->
+   none) and checked again; a failing canonicalisation is dropped (centring first, then
+   folding, which narrows the residual's group). What is written always passed the check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+
+from ..errors import SymspecInputError
+from .draft import Draft, build
+from .render import render
+from .walk import Facts, read_graph
+
+
+class InferError(SymspecInputError):
+    """The model could not be traced, or nothing could be verified."""
+
+
+@attrs.define
+class SpaceReport:
+    name: str
+    group: str
+    evidence: list[str]
+    shrunk: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.define
+class InferResult:
+    """What :func:`infer` found: the spec (``spec``; ``yaml`` its text), the evidence per
+    space, what stayed invariant and why, and the final check."""
+
+    spec: Any
+    yaml: str
+    spaces: list[SpaceReport]
+    unexplained: list[tuple[str, str]]
+    notes: list[str]
+    check: Any
+    draft: Draft = attrs.field(repr=False)
+    attempts: int = 1
+
+    @property
+    def passed(self) -> bool:
+        return self.check is not None and self.check.passed
+
+    @property
+    def verified(self) -> bool:
+        """The written spec passes its check and declares at least one space."""
+        return self.passed and bool(self.spaces)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.draft.name,
+            "model": self.draft.model_class,
+            "passed": self.passed,
+            "verified": self.verified,
+            "spaces": [s.to_dict() for s in self.spaces],
+            "invariant": [{"where": w, "why": y} for w, y in self.unexplained],
+            "notes": self.notes,
+            "attempts": self.attempts,
+            "check": self.check.to_dict() if self.check is not None else None,
+            "yaml": self.yaml,
+        }
+
+
+def read_model(model: torch.nn.Module, example_inputs: Any) -> Facts:
+    """Trace ``model`` with torch.export and read the graph (:mod:`.walk`)."""
+    from ..graph import trace
+
+    mg = trace(model, example_inputs, methods=("export",))
+    if not mg.traced:
+        raise InferError(f"{type(model).__name__}: torch.export could not trace the model ({mg.reason}); "
+                         "inference reads the exported graph, so there is nothing to infer from")
+    facts = read_graph(mg.gm, model)
+    facts.graph = mg.graph  # type: ignore[attr-defined]
+    return facts
+
+
+def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = None, verify: bool = True,
+          samples: int = 2, seed: int = 0, dtypes: tuple[str, ...] = ("float64", "float32"),
+          progress: Callable[[str], None] | None = None, max_rounds: int = 12) -> InferResult:
+    """A spec for ``model`` drafted from its traced graph, and checked (see the module).
+
+    ``example_inputs``: as for :func:`symspec.check` (a tensor, a tuple, a dict of keyword
+    inputs). ``verify=False`` returns the draft unchecked (``check`` is then None).
+    """
+    from ..checker import check
+    from ..spec import loads_spec
+
+    say = progress or (lambda msg: None)
+    name = name or _default_name(model)
+    say("tracing with torch.export")
+    was_training = model.training
+    model.eval()
+    try:
+        facts = read_model(model, example_inputs)
+    finally:
+        model.train(was_training)
+    say("reading the graph")
+    fold, center = True, True
+    draft = build(facts, model, name, fold=fold, center=center)
+    report = None
+    attempts = 0
+    history: dict[str, list[tuple[str, str, str]]] = {}
+    while True:
+        attempts += 1
+        _restore_history(draft, history)
+        text = render(draft, _header(draft))
+        spec = loads_spec(text, f"{name}.yaml")
+        if not verify:
+            break
+        say(f"checking the draft (round {attempts})")
+        report = check(model, spec, example_inputs, samples=samples, seed=seed, dtypes=dtypes)
+        if report.passed or attempts >= max_rounds:
+            break
+        failed = {r.space.replace("[*]", "") for r in report.failed_rows()}
+        if "canonicalize" in failed:
+            why = next(r for r in report.failed_rows() if r.space == "canonicalize")
+            if center and draft.center:
+                center = False
+                draft.notes.append(f"mean-centring changed the function (max rel err {why.max_rel:.1e}): left out")
+            elif fold:
+                fold = False
+                draft.notes.append(f"folding the norms changed the function (max rel err {why.max_rel:.1e}): left out")
+            else:
+                break
+            history = {k: v.history for k, v in draft.spaces.items()}
+            draft = build(facts, model, name, fold=fold, center=center)
+            continue
+        targets = [s for s in failed if s in draft.spaces and draft.spaces[s].alive]
+        if not targets:  # only the 'all' row: shrink the largest group left
+            targets = [s for s, sp in draft.spaces.items() if sp.alive][:1]
+        if not targets:
+            break
+        for s in targets:
+            rows = [r for r in report.failed_rows() if r.space.replace("[*]", "") == s]
+            _shrink(draft.spaces[s], f"max rel err {max(r.max_rel for r in rows):.1e}" if rows else "with the others")
+    spaces = [SpaceReport(sp.key(), sp.group_text(), list(sp.evidence),
+                          [f"{a} -> {b}: {why}" for a, b, why in sp.history])
+              for sp in draft.spaces.values() if sp.alive]
+    gone = [(sp.key(), f"every group failed the check ({'; '.join(f'{a}: {w}' for a, _, w in sp.history)})")
+            for sp in draft.spaces.values() if not sp.alive]
+    return InferResult(spec, text, spaces, list(draft.unexplained) + gone, list(draft.notes), report, draft, attempts)
+
+
+def _restore_history(draft: Draft, history: dict[str, list[tuple[str, str, str]]]) -> None:
+    """After a rebuild, shrink again what had shrunk."""
+    for key, hist in history.items():
+        sp = draft.spaces.get(key)
+        if sp is None or sp.history:
+            continue
+        for _, _, why in hist:
+            _shrink(sp, why)
+    history.clear()
+
+
+def _shrink(sp: Any, why: str) -> None:
+    before = sp.group_text()
+    if sp.kind == "heads":
+        if sp.qk_chain:
+            sp.qk = sp.qk_chain.pop(0)
+        elif sp.ov_chain:
+            sp.ov = sp.ov_chain.pop(0)
+        else:
+            sp.group = "Id"
+    elif sp.chain:
+        sp.group = sp.chain.pop(0)
+    else:
+        sp.group = "Id"
+    after = sp.group_text() if sp.alive else "identity"
+    sp.history.append((before, after, why))
+
+
+def _default_name(model: torch.nn.Module) -> str:
+    import re
+
+    cls = type(model).__name__
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z][a-z])|(?<=[a-z]{2})(?=[A-Z]{2})|(?<=[A-Z])(?=[A-Z][a-z])", "_", cls).lower() + "_inferred"
+
+
+def _header(draft: Draft) -> list[str]:
+    lines = [f"Inferred by `symspec infer` from the traced graph of {draft.model_class}; read it, then refine.", ""]
+    for sp in draft.spaces.values():
+        if not sp.alive:
+            continue
+        lines.append(f"{sp.key()}: {sp.group_text()}")
+        for e in sp.evidence:
+            lines.append(f"  - {e}")
+        for a, b, why in sp.history:
+            lines.append(f"  - {a} failed the check ({why}); shrunk to {b}")
+    dead = [sp for sp in draft.spaces.values() if not sp.alive]
+    if draft.unexplained or dead:
+        lines += ["", "Left invariant (no symmetry declared):"]
+        for where, why in draft.unexplained:
+            lines.append(f"  - {where}: {why}")
+        for sp in dead:
+            lines.append(f"  - {sp.key()}: every candidate group failed the check")
+    if draft.notes:
+        lines += [""] + draft.notes
+    return lines

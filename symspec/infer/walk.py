@@ -1,0 +1,952 @@
+"""Reading an exported graph into axis classes and the facts a spec needs.
+
+:func:`read_graph` walks the ATen graph of ``torch.export`` once, giving every tensor a
+layout per dimension (:mod:`.axes`) and recording:
+
+- for every parameter axis, its atom and its role: ``co`` (it writes features: a layer's
+  output rows, a bias, an embedding table's columns, a class token), ``contra`` (it reads
+  them: a layer's input columns), ``gain`` (it multiplies them elementwise: a norm's gain),
+  ``index`` (an embedding's vocabulary), ``kernel``;
+- the linear layers (weight, the axis that reads, the axis that writes, bias);
+- the norms (LayerNorm or RMS, gain and its offset, bias) and where their output goes;
+- the attention products (q, k, v and output layouts; grouped key/value heads);
+- the gated products (``act(gate) * up``) and positively homogeneous units (ReLU);
+- tags on classes (see :mod:`.lattice`).
+
+Ops it does not know make their inputs' and outputs' classes opaque: those stay invariant.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+import torch.fx as fx
+
+from .axes import Axes, Layout
+
+#: elementwise functions that are not linear (permutations commute with them)
+NONLINEAR = {
+    "gelu", "silu", "tanh", "sigmoid", "exp", "log", "sqrt", "rsqrt", "erf", "softplus", "mish", "hardswish",
+    "hardsigmoid", "elu", "selu", "celu", "gelu_", "silu_", "pow", "reciprocal", "sin", "cos", "abs", "sign",
+    "square", "log_softmax", "logit", "hardtanh", "relu6", "clamp", "clamp_min", "clamp_max", "where",
+    "gt", "lt", "ge", "le", "eq", "ne", "isnan", "isinf", "logical_not", "bitwise_not", "floor", "ceil", "round",
+}
+#: positively homogeneous: f(a x) = a f(x) for a > 0 (positive scalings pass them)
+HOMOGENEOUS = {"relu", "relu_", "leaky_relu", "prelu", "threshold"}
+#: odd elementwise functions: f(-x) = -f(x), so sign flips pass them too
+ODD = {"tanh", "erf", "sin", "sign", "hardtanh", "asinh", "atan", "sinh"}
+#: ops that keep every axis as it is and are linear (or copies)
+TRANSPARENT = {
+    "clone", "alias", "contiguous", "dropout", "detach", "to", "_to_copy", "type_as", "lift_fresh_copy",
+    "feature_dropout", "alpha_dropout", "native_dropout", "neg", "positive", "_assert_tensor_metadata",
+    "view_as", "copy", "identity",
+}
+RESHAPE = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_copy",
+           "reshape_as", "expand", "expand_as", "broadcast_to"}
+PERMUTE = {"transpose", "permute", "t", "swapaxes", "movedim", "numpy_T", "mT"}
+NO_TENSOR = {"sym_size", "sym_numel", "_assert_scalar", "sym_constrain_range_for_size", "_assert_tensor_metadata",
+             "scalar_tensor", "arange", "zeros", "ones", "full", "empty", "ones_like", "zeros_like", "full_like",
+             "empty_like", "new_ones", "new_zeros", "new_full", "new_empty", "_local_scalar_dense", "item"}
+REDUCE = {"mean", "sum", "var", "std", "var_mean", "amax", "amin", "max", "min", "norm", "linalg_vector_norm",
+          "logsumexp", "prod", "argmax", "argmin", "std_mean", "any", "all"}
+
+
+@attrs.define
+class Linear:
+    weight: str
+    read_axis: int  # the weight axis contracted with the input's features
+    write_axis: int  # the weight axis that becomes the output's features
+    bias: str | None
+    input: str  # the node it reads
+    output: str
+
+
+@attrs.define
+class Norm:
+    kind: str  # "layernorm" | "rms"
+    gain: str | None
+    offset: float
+    bias: str | None
+    atom: int  # the normalised class
+    output: str  # the node after gain and bias
+    module: str
+
+
+@attrs.define
+class Attention:
+    q: Layout  # the within-head atoms (last dims) and head atoms
+    k: Layout
+    v: Layout
+    qh: Layout
+    kh: Layout
+    node: str
+    module: str
+
+
+@attrs.define
+class Facts:
+    axes: Axes
+    #: parameter -> atom per axis
+    param_atoms: dict[str, list[int]]
+    #: parameter -> axis -> roles
+    roles: dict[str, dict[int, set[str]]]
+    #: every parameter name -> the names sharing its tensor (ties), including itself
+    aliases: dict[str, tuple[str, ...]]
+    linears: list[Linear]
+    norms: list[Norm]
+    attentions: list[Attention]
+    #: (node of the gated product, the weight whose output is the linear factor)
+    gates: list[tuple[str, str]]
+    #: (node of the homogeneous unit, the weight whose output it reads)
+    homogeneous: list[tuple[str, str]]
+    #: node name -> the users of it (after transparent ops), for folding decisions
+    consumers: dict[str, list[tuple[str, str, int]]]
+    #: ops that could not be read: op name -> count
+    unknown: dict[str, int]
+    #: node name -> module path
+    modules: dict[str, str]
+    method: str = "export"
+    graph: Any = None
+
+
+def _opname(n: fx.Node) -> str:
+    if n.op != "call_function":
+        return n.op
+    t = n.target
+    if t is operator.getitem:
+        return "getitem"
+    name = getattr(t, "__name__", str(t))
+    return name.split(".")[0]
+
+
+def _val(n: Any) -> Any:
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def _shape(n: Any) -> tuple[int, ...] | None:
+    v = _val(n)
+    if isinstance(v, torch.Tensor):
+        try:
+            return tuple(int(s) for s in v.shape)
+        except TypeError:  # symbolic sizes
+            return None
+    return None
+
+
+class _Reader:
+    def __init__(self, ep: Any, model: torch.nn.Module) -> None:
+        self.ep = ep
+        self.ax = Axes()
+        self.lay: dict[str, Any] = {}  # node -> list[Layout] (or a list of them for tuples)
+        self.feature: dict[str, bool] = {}  # depends on a parameter or a float input
+        self.src: dict[str, tuple[str, tuple[int | None, ...]]] = {}  # node -> (param, node dim -> param axis)
+        self.gainlike: dict[str, tuple[str, float]] = {}
+        self.linear_out: dict[str, str] = {}  # node -> weight whose output it is (transparent chain)
+        self.facts = Facts(self.ax, {}, {}, {}, [], [], [], [], [], {}, {}, {})
+        self.gain_at: dict[str, tuple[str, float, str]] = {}  # node -> (gain parameter, offset, normalised node)
+        self.squares: set[str] = set()
+        self.module = ""
+        sig = ep.graph_signature
+        self.placeholders = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
+        self.params = set(sig.inputs_to_parameters.values())
+        self.consts = set(getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {})
+        names: dict[int, list[str]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(name)
+        for group in names.values():
+            for name in group:
+                self.facts.aliases[name] = tuple(group)
+
+    # -- helpers -----------------------------------------------------------------------
+    def L(self, n: Any) -> list[Layout] | None:
+        if not isinstance(n, fx.Node):
+            return None
+        lay = self.lay.get(n.name)
+        return lay if isinstance(lay, list) and (not lay or isinstance(lay[0], tuple)) else None
+
+    def feat(self, n: Any) -> bool:
+        return isinstance(n, fx.Node) and self.feature.get(n.name, False)
+
+    def role(self, n: Any, dim: int, role: str) -> None:
+        """Record ``role`` on the parameter axis that dim ``dim`` of node ``n`` is."""
+        if not isinstance(n, fx.Node) or n.name not in self.src:
+            return
+        pname, amap = self.src[n.name]
+        own = pname
+        pname = self.alias(pname)
+        if pname != own:
+            self.facts.param_atoms.setdefault(pname, self.facts.param_atoms[own])
+        if dim < 0:
+            dim += len(amap)
+        if 0 <= dim < len(amap) and amap[dim] is not None:
+            self.facts.roles.setdefault(pname, {}).setdefault(amap[dim], set()).add(role)
+
+    def alias(self, pname: str) -> str:
+        """The name a tied parameter has in the module that uses it here (``lm_head.weight``
+        for the embedding table read by the head), else its own."""
+        names = self.facts.aliases.get(pname, (pname,))
+        if len(names) > 1:
+            leaf = pname.rsplit(".", 1)[-1]
+            mine = f"{self.module}.{leaf}" if self.module else leaf
+            if mine in names:
+                return mine
+        return pname
+
+    def fresh_layouts(self, shape: Sequence[int], *tags: str) -> list[Layout]:
+        return [(self.ax.fresh(s, *tags),) if s > 1 else () for s in shape]
+
+    def opaque(self, n: fx.Node, name: str) -> None:
+        for a in n.all_input_nodes:
+            lay = self.L(a)
+            if lay and self.feat(a):
+                self.ax.tag([x for d in lay for x in d], f"opaque:{name}")
+        shape = _shape(n)
+        if shape is not None:
+            self.lay[n.name] = self.fresh_layouts(shape, f"opaque:{name}")
+        self.feature[n.name] = any(self.feat(a) for a in n.all_input_nodes)
+        self.facts.unknown[name] = self.facts.unknown.get(name, 0) + 1
+
+    def broadcast(self, out_shape: Sequence[int], operands: Sequence[Any], unify: bool = True) -> list[Layout]:
+        """Elementwise broadcasting: the output dims from the operands' (unified where both
+        have size > 1)."""
+        nd = len(out_shape)
+        out: list[Layout | None] = [None] * nd
+        for x in operands:
+            lay = x.lay if isinstance(x, _Sub) else self.L(x)
+            if lay is None:
+                continue
+            off = nd - len(lay)
+            for i, d in enumerate(lay):
+                j = off + i
+                if not d or (out_shape[j] <= 1 and not (out[j] and len(d) == 1 and len(out[j]) == 1)):
+                    continue  # a size-1 dim is unified only between two pieces cut from features
+                if out[j] is None:
+                    out[j] = d
+                elif unify:
+                    self.ax.unify_layouts(out[j], d)
+        return [o if o is not None else ((self.ax.fresh(s),) if s > 1 else ()) for o, s in zip(out, out_shape)]
+
+    # -- the walk ----------------------------------------------------------------------
+    def run(self) -> Facts:
+        for n in self.ep.graph.nodes:
+            stack = n.meta.get("nn_module_stack") or {}
+            self.facts.modules[n.name] = self.module = list(stack.values())[-1][0] if stack else ""
+            try:
+                self.node(n)
+            except Exception as e:  # a rule that did not fit this node: opaque, never wrong
+                self.opaque(n, f"{_opname(n)} ({type(e).__name__})")
+        self.ax.close()
+        return self.facts
+
+    def node(self, n: fx.Node) -> None:
+        op = _opname(n)
+        if n.op == "placeholder":
+            return self.placeholder(n)
+        if n.op == "output":
+            for a in n.all_input_nodes:
+                lay = self.L(a)
+                if lay:
+                    self.ax.tag([x for d in lay for x in d], "observable")
+            return None
+        if n.op != "call_function":
+            return self.opaque(n, n.op)
+        shape = _shape(n)
+        inputs = n.all_input_nodes
+        self.feature[n.name] = any(self.feat(a) for a in inputs)
+        if op in NO_TENSOR:
+            if shape is not None:
+                self.lay[n.name] = self.fresh_layouts(shape)
+            return None
+        handler = getattr(self, f"op_{op}", None)
+        if handler is not None:
+            return handler(n, shape)
+        if op in TRANSPARENT:
+            return self.transparent(n, shape)
+        if op in RESHAPE:
+            return self.reshape(n, shape)
+        if op in PERMUTE:
+            return self.permute(n, shape)
+        if op in NONLINEAR or op in HOMOGENEOUS:
+            return self.elementwise(n, shape, op)
+        if op in REDUCE:
+            return self.reduce(n, shape, op)
+        if not self.feature[n.name]:  # mask and position arithmetic: no feature axis involved
+            if shape is not None:
+                self.lay[n.name] = self.fresh_layouts(shape)
+            return None
+        return self.opaque(n, op)
+
+    def placeholder(self, n: fx.Node) -> None:
+        shape = _shape(n)
+        if shape is None:
+            return
+        pname = self.placeholders.get(n.name)
+        if pname is not None and pname in self.params:
+            atoms = [self.ax.fresh(s) for s in shape]
+            self.lay[n.name] = [(a,) if s > 1 else () for a, s in zip(atoms, shape)]
+            for other in self.facts.aliases.get(pname, ()):  # one tensor under two names: the same classes
+                if other in self.facts.param_atoms:
+                    for a, b in zip(atoms, self.facts.param_atoms[other]):
+                        self.ax.unify(a, b)
+            self.facts.param_atoms[pname] = atoms
+            self.src[n.name] = (pname, tuple(range(len(shape))))
+            self.feature[n.name] = True
+            if len(shape) == 1:
+                self.gainlike[n.name] = (pname, 0.0)
+            return
+        v = _val(n)
+        data = pname is None and n.name not in self.consts
+        floating = isinstance(v, torch.Tensor) and v.is_floating_point() and data
+        self.lay[n.name] = self.fresh_layouts(shape, *(("data",) if data else ()))
+        self.feature[n.name] = floating
+
+    # -- shape ops ---------------------------------------------------------------------
+    def transparent(self, n: fx.Node, shape: Any) -> None:
+        x = n.args[0] if n.args else None
+        lay = self.L(x)
+        if lay is None or shape is None or len(lay) != len(shape):
+            return self.opaque(n, _opname(n)) if self.feature[n.name] else None
+        self.lay[n.name] = list(lay)
+        if isinstance(x, fx.Node):
+            for d in (self.src, self.gainlike, self.linear_out):
+                if x.name in d:
+                    d[n.name] = d[x.name]
+
+    def reshape(self, n: fx.Node, shape: Any) -> None:
+        x = n.args[0]
+        lay = self.L(x)
+        if lay is None or shape is None:
+            return self.opaque(n, _opname(n))
+        op = _opname(n)
+        if op in ("expand", "expand_as", "broadcast_to"):
+            off = len(shape) - len(lay)
+            out = [((self.ax.fresh(s),) if s > 1 else ()) for s in shape[:off]]
+            for i, d in enumerate(lay):
+                s = shape[off + i]
+                out.append(d if d or s <= 1 else (self.ax.fresh(s),))
+            self.lay[n.name] = out
+            if x.name in self.src:
+                p, amap = self.src[x.name]
+                self.src[n.name] = (p, (None,) * off + tuple(amap))
+            return None
+        self.lay[n.name] = self.ax.regroup(lay, shape)
+        if x.name in self.src:  # a parameter viewed with only size-1 dims added or removed
+            p, amap = self.src[x.name]
+            xs = _shape(x) or ()
+            big_in = [amap[i] for i, s in enumerate(xs) if s > 1]
+            big_out = [i for i, s in enumerate(shape) if s > 1]
+            if len(big_in) == len(big_out) and [xs[i] for i, s in enumerate(xs) if s > 1] == [shape[i] for i in big_out]:
+                m: list[int | None] = [None] * len(shape)
+                for i, a in zip(big_out, big_in):
+                    m[i] = a
+                self.src[n.name] = (p, tuple(m))
+        if x.name in self.linear_out:
+            self.linear_out[n.name] = self.linear_out[x.name]
+
+    def permute(self, n: fx.Node, shape: Any) -> None:
+        x = n.args[0]
+        lay = self.L(x)
+        if lay is None:
+            return self.opaque(n, _opname(n))
+        nd = len(lay)
+        op = _opname(n)
+        order = list(range(nd))
+        if op in ("transpose", "swapaxes"):
+            i, j = (int(a) % nd for a in n.args[1:3])
+            order[i], order[j] = order[j], order[i]
+        elif op in ("t", "numpy_T", "mT"):
+            order = order[::-1] if nd <= 2 or op != "mT" else order[:-2] + [nd - 1, nd - 2]
+        elif op == "permute":
+            order = [int(a) % nd for a in n.args[1]]
+        elif op == "movedim":
+            src, dst = int(n.args[1]) % nd, int(n.args[2]) % nd
+            order.pop(src)
+            order.insert(dst, src)
+        self.lay[n.name] = [lay[i] for i in order]
+        if x.name in self.src:
+            p, amap = self.src[x.name]
+            self.src[n.name] = (p, tuple(amap[i] for i in order))
+
+    def op_getitem(self, n: fx.Node, shape: Any) -> None:
+        x, idx = n.args[0], n.args[1]
+        seq = self.lay.get(x.name) if isinstance(x, fx.Node) else None
+        if isinstance(idx, int) and isinstance(seq, list) and seq and isinstance(seq[0], list):
+            self.lay[n.name] = seq[idx]
+            self.feature[n.name] = self.feat(x)
+            return None
+        if shape is not None:
+            self.lay[n.name] = self.fresh_layouts(shape)
+
+    def _dim(self, n: fx.Node, pos: int, default: int, nd: int) -> int:
+        d = n.args[pos] if len(n.args) > pos else n.kwargs.get("dim", default)
+        return int(d) % nd
+
+    def op_slice(self, n: fx.Node, shape: Any) -> None:
+        x = n.args[0]
+        lay = self.L(x)
+        xs = _shape(x)
+        if lay is None or xs is None or shape is None:
+            return self.opaque(n, "slice")
+        dim = self._dim(n, 1, 0, len(lay))
+        start = n.args[2] if len(n.args) > 2 and n.args[2] is not None else 0
+        end = n.args[3] if len(n.args) > 3 and n.args[3] is not None else xs[dim]
+        step = n.args[4] if len(n.args) > 4 else 1
+        start, end = int(start), min(int(end), xs[dim])
+        start = start + xs[dim] if start < 0 else start
+        end = end + xs[dim] if end < 0 else end
+        out = list(lay)
+        if (start, end, step) == (0, xs[dim], 1):
+            pass
+        elif step != 1 or len(lay[dim]) != 1:
+            if self.feat(x):
+                self.ax.tag(lay[dim], "opaque:slice")
+            out[dim] = (self.ax.fresh(shape[dim], "opaque:slice"),) if shape[dim] > 1 else ()
+        else:
+            out[dim] = (self.ax.seg(lay[dim][0], start, end),) if end > start else ()
+        self.lay[n.name] = out
+        if x.name in self.src and out[dim] == lay[dim]:
+            self.src[n.name] = self.src[x.name]
+
+    def _pieces(self, n: fx.Node, sizes: list[int], dim: int) -> None:
+        x = n.args[0]
+        lay = self.L(x)
+        if lay is None:
+            return self.opaque(n, _opname(n))
+        out, pos = [], 0
+        for s in sizes:
+            piece = list(lay)
+            if len(lay[dim]) == 1:
+                piece[dim] = (self.ax.seg(lay[dim][0], pos, pos + s),) if s > 0 else ()
+            elif lay[dim]:
+                self.ax.tag(lay[dim], "opaque:split")
+                piece[dim] = (self.ax.fresh(s, "opaque:split"),) if s > 1 else ()
+            out.append(piece)
+            pos += s
+        self.lay[n.name] = out
+
+    def op_split(self, n: fx.Node, shape: Any) -> None:
+        xs = _shape(n.args[0])
+        size = n.args[1]
+        dim = self._dim(n, 2, 0, len(xs or ()))
+        if isinstance(size, int):
+            sizes = [min(size, xs[dim] - p) for p in range(0, xs[dim], size)]
+        else:
+            sizes = [int(s) for s in size]
+        return self._pieces(n, sizes, dim)
+
+    op_split_with_sizes = op_split
+
+    def op_chunk(self, n: fx.Node, shape: Any) -> None:
+        xs = _shape(n.args[0])
+        dim = self._dim(n, 2, 0, len(xs or ()))
+        k = int(n.args[1])
+        size = -(-xs[dim] // k)
+        return self._pieces(n, [min(size, xs[dim] - p) for p in range(0, xs[dim], size)], dim)
+
+    def op_unbind(self, n: fx.Node, shape: Any) -> None:
+        x = n.args[0]
+        lay = self.L(x)
+        if lay is None:
+            return self.opaque(n, "unbind")
+        dim = self._dim(n, 1, 0, len(lay))
+        self.lay[n.name] = [self._select(lay, dim, i) for i in range(_shape(x)[dim])]
+
+    def op_select(self, n: fx.Node, shape: Any) -> None:
+        x = n.args[0]
+        lay = self.L(x)
+        if lay is None:
+            return self.opaque(n, "select")
+        dim = self._dim(n, 1, 0, len(lay))
+        idx = int(n.args[2]) % _shape(x)[dim]
+        self.lay[n.name] = self._select(lay, dim, idx)
+
+    def _select(self, lay: list[Layout], dim: int, idx: int) -> list[Layout]:
+        """Index ``idx`` of dim ``dim``. When that dim is the outer factor of a product
+        split (timm's qkv: (3, H, dh)), the piece is the idx-th segment of the split atom,
+        with its own inner classes."""
+        rest = lay[:dim] + lay[dim + 1 :]
+        if len(lay[dim]) != 1:
+            return rest
+        a = lay[dim][0]
+        org = self.ax.origin.get(a)
+        if org is None or org[1] != "split" or org[2][1] != 0:
+            return rest
+        parent, _, (sizes, _) = org
+        inner = sizes[1:]
+        width = int(torch.tensor(inner).prod()) if inner else 1
+        seg = self.ax.seg(parent, idx * width, (idx + 1) * width)
+        old = self.ax.split(parent, sizes)[1:]
+        new = self.ax.split(seg, inner) if len(inner) > 1 else (seg,)
+        remap: dict[int, int] = {}
+        for o, m in zip(old, new):
+            self._mirror(o, m, remap)
+        return [tuple(remap.get(self.ax.find(x), x) for x in d) for d in rest]
+
+    def _mirror(self, old: int, new: int, remap: dict[int, int]) -> None:
+        """Map ``old`` and the pieces it was split into onto ``new``'s same pieces."""
+        r = self.ax.find(old)
+        if r in remap:
+            return
+        remap[r] = new
+        for sizes, kids in list(self.ax.splits.get(r, {}).items()):
+            for k, m in zip(kids, self.ax.split(new, sizes)):
+                self._mirror(k, m, remap)
+
+    def op_cat(self, n: fx.Node, shape: Any) -> None:
+        xs = [x for x in n.args[0]]
+        lays = [self.L(x) for x in xs]
+        if shape is None or any(lay is None for lay in lays):
+            return self.opaque(n, "cat")
+        nd = len(shape)
+        dim = (int(n.args[1]) if len(n.args) > 1 else int(n.kwargs.get("dim", 0))) % nd
+        out = [None] * nd
+        for j in range(nd):
+            if j == dim:
+                continue
+            for lay in lays:
+                if lay[j] and shape[j] > 1:
+                    if out[j] is None:
+                        out[j] = lay[j]
+                    else:
+                        self.ax.unify_layouts(out[j], lay[j])
+        whole = self.ax.fresh(shape[dim]) if shape[dim] > 1 else None
+        pos = 0
+        for x, lay in zip(xs, lays):
+            s = _shape(x)[dim]
+            if whole is not None and s > 0:
+                piece = self.ax.seg(whole, pos, pos + s)
+                if lay[dim]:
+                    self.ax.unify_layouts((piece,), lay[dim])
+            if x.name in self.src:  # a class token or register token joining the features
+                for j in range(nd):
+                    if j != dim:
+                        self.role(x, j, "co")
+            pos += s
+        out[dim] = (whole,) if whole is not None else ()
+        self.lay[n.name] = [o if o is not None else ((self.ax.fresh(s),) if s > 1 else ()) for o, s in zip(out, shape)]
+
+    op_concat = op_cat
+
+    def op_stack(self, n: fx.Node, shape: Any) -> None:
+        return self.opaque(n, "stack")
+
+    # -- arithmetic --------------------------------------------------------------------
+    def op_add(self, n: fx.Node, shape: Any) -> None:
+        return self._addsub(n, shape, "add")
+
+    def op_sub(self, n: fx.Node, shape: Any) -> None:
+        return self._addsub(n, shape, "sub")
+
+    def op_rsub(self, n: fx.Node, shape: Any) -> None:
+        return self._addsub(n, shape, "sub")
+
+    def _addsub(self, n: fx.Node, shape: Any, op: str) -> None:
+        if shape is None:
+            return self.opaque(n, op)
+        a, b = n.args[0], n.args[1]
+        tensors = [x for x in (a, b) if isinstance(x, fx.Node) and self.L(x) is not None]
+        feats = [x for x in tensors if self.feat(x)]
+        # a parameter plus a constant: Gemma's (1 + weight)
+        if len(tensors) == 1 and tensors[0].name in self.gainlike:
+            other = b if tensors[0] is a else a
+            if isinstance(other, (int, float)):
+                p, off = self.gainlike[tensors[0].name]
+                self.gainlike[n.name] = (p, off + float(other))
+        if len(feats) == 2 or (len(feats) == 1 and len(tensors) == 1):
+            self.lay[n.name] = self.broadcast(shape, feats)
+            if len(tensors) == 1 and not isinstance(a if tensors[0] is b else b, fx.Node):
+                other = a if tensors[0] is b else b
+                if other != 0 and tensors[0].name not in self.gainlike and tensors[0].name not in self.src:  # x + c: moves the all-ones direction
+                    self.ax.tag([x for d in self.lay[n.name][-1:] for x in d], "shift")
+            for x in feats:  # biases and position tables added to features
+                for j in range(len(_shape(x) or ())):
+                    if x.name in self.src:
+                        self.role(x, j - len(_shape(x)), "co")
+            if len(feats) == 2 and (feats[0].name in self.src) != (feats[1].name in self.src):
+                pass
+            return None
+        if len(feats) == 1:  # a feature tensor plus a table that is not one (a mask, a fixed position table)
+            f = feats[0]
+            other = b if f is a else a
+            self.lay[n.name] = self.broadcast(shape, [f])
+            ol = self.L(other) or []
+            off = len(shape) - len(ol)
+            for i, d in enumerate(ol):
+                if d and shape[off + i] > 1:
+                    self.ax.tag(self.lay[n.name][off + i], "constadd")
+            return None
+        self.lay[n.name] = self.broadcast(shape, tensors, unify=False)
+
+    def op_mul(self, n: fx.Node, shape: Any) -> None:
+        return self._muldiv(n, shape, "mul")
+
+    def op_div(self, n: fx.Node, shape: Any) -> None:
+        return self._muldiv(n, shape, "div")
+
+    def _muldiv(self, n: fx.Node, shape: Any, op: str) -> None:
+        if shape is None:
+            return self.opaque(n, op)
+        a, b = n.args[0], n.args[1]
+        tensors = [x for x in (a, b) if isinstance(x, fx.Node) and self.L(x) is not None]
+        if len(tensors) == 1:  # by a scalar
+            x = tensors[0]
+            self.lay[n.name] = list(self.L(x)) if len(self.L(x)) == len(shape) else self.broadcast(shape, [x])
+            for d in (self.src, self.gainlike, self.linear_out):
+                if x.name in d and op == "mul":
+                    d[n.name] = d[x.name]
+            return None
+        # a gain: a feature tensor times a parameter vector (or 1 + parameter) along its last axis
+        for g, x in ((a, b), (b, a)):
+            if op == "mul" and isinstance(g, fx.Node) and g.name in self.gainlike and self.feat(x) and g is not x \
+                    and x.name not in self.gainlike and (_shape(g) or (0,))[-1] == shape[-1] and shape[-1] > 1:
+                pname, off = self.gainlike[g.name]
+                self.lay[n.name] = self.broadcast(shape, [x, g])
+                self.role(g, -1, "gain")
+                self.gain_at[n.name] = (pname, off, x.name)
+                return None
+        fa, fb = self.feat(a), self.feat(b)
+        if fa and fb:
+            out = self.broadcast(shape, [a, b])
+            self.lay[n.name] = out
+            la, lb = self.L(a), self.L(b)
+            both = [j for j in range(len(shape)) if shape[j] > 1 and (len(shape) - j) <= len(la) and (len(shape) - j) <= len(lb)
+                    and la[len(la) - len(shape) + j] and lb[len(lb) - len(shape) + j]]
+            self.ax.tag([x for j in both for x in out[j]], "product")
+            # a per-position scalar (a norm's 1/rms) broadcast along the features is not a product of features
+            for x, other in ((a, b), (b, a)):
+                if x.name in self.linear_out and other.name not in self.linear_out and op == "mul":
+                    self.facts.gates.append((n.name, self.linear_out[x.name], other.name))
+            return None
+        f = a if fa else b if fb else None
+        if f is None:
+            self.lay[n.name] = self.broadcast(shape, tensors, unify=False)
+            return None
+        other = b if f is a else a
+        self.lay[n.name] = self.broadcast(shape, [f])
+        ol = self.L(other) or []
+        off = len(shape) - len(ol)
+        for i, d in enumerate(ol):
+            if d and shape[off + i] > 1:  # varies along a feature axis: a rotary table, a fixed mask
+                self.ax.tag(self.lay[n.name][off + i], "varying")
+        if f.name in self.src and op == "mul":
+            self.src[n.name] = self.src[f.name]
+
+    # -- nonlinear and reductions ------------------------------------------------------
+    def elementwise(self, n: fx.Node, shape: Any, op: str) -> None:
+        ins = [x for x in n.all_input_nodes if self.L(x) is not None and self.feat(x)]
+        if shape is None:
+            return self.opaque(n, op)
+        if not ins:
+            self.lay[n.name] = self.broadcast(shape, [x for x in n.all_input_nodes if self.L(x) is not None], unify=False)
+            return None
+        self.lay[n.name] = self.broadcast(shape, ins)
+        tag = "homogeneous" if op in HOMOGENEOUS else f"odd:{op}" if op in ODD else f"nonlinear:{op}"
+        atoms = [x for d in self.lay[n.name] for x in d]
+        if op == "pow" and len(n.args) > 1 and n.args[1] == 2:
+            self.squares.add(n.name)
+            tag = "square"
+        self.ax.tag(atoms, tag)
+        if op in HOMOGENEOUS and ins and ins[0].name in self.linear_out:
+            self.facts.homogeneous.append((n.name, self.linear_out[ins[0].name]))
+
+    def reduce(self, n: fx.Node, shape: Any, op: str) -> None:
+        x = n.args[0]
+        lay = self.L(x)
+        xs = _shape(x)
+        if lay is None or xs is None:
+            return self.opaque(n, op)
+        dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        if dims is None:
+            dims = list(range(len(xs)))
+        dims = [int(d) % len(xs) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+        keep = bool(n.args[2]) if len(n.args) > 2 and isinstance(n.args[2], bool) else bool(n.kwargs.get("keepdim", False))
+        if op in ("var", "std"):
+            kind = "var"
+        elif x.name in self.squares and op in ("mean", "sum"):
+            kind = "sumsq"
+        elif op in ("mean", "sum"):
+            kind = "mean"
+        elif op in ("norm", "linalg_vector_norm"):
+            kind = "sumsq"
+        else:
+            kind = f"reduce:{op}"
+        for d in dims:
+            if self.feat(x):
+                self.ax.tag(lay[d], kind)
+        if shape is None:
+            return None
+        out = [lay[i] if i not in dims else () for i in range(len(xs))] if keep else [lay[i] for i in range(len(xs)) if i not in dims]
+        self.lay[n.name] = out if len(out) == len(shape) else self.fresh_layouts(shape)
+
+    def op__softmax(self, n: fx.Node, shape: Any) -> None:
+        return self.op_softmax(n, shape)
+
+    def op__safe_softmax(self, n: fx.Node, shape: Any) -> None:
+        return self.op_softmax(n, shape)
+
+    def op_softmax(self, n: fx.Node, shape: Any) -> None:
+        x = n.args[0]
+        lay = self.L(x)
+        if lay is None:
+            return self.opaque(n, "softmax")
+        dim = self._dim(n, 1, -1, len(lay))
+        self.ax.tag(lay[dim], "softmax")
+        self.lay[n.name] = list(lay)
+
+    # -- layers ------------------------------------------------------------------------
+    def op_linear(self, n: fx.Node, shape: Any) -> None:
+        x, w = n.args[0], n.args[1]
+        b = n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")
+        return self._linear(n, shape, x, w, b, read=1, write=0)
+
+    def op_addmm(self, n: fx.Node, shape: Any) -> None:
+        b, x, w = n.args[0], n.args[1], n.args[2]
+        return self._linear(n, shape, x, w, b, read=0, write=1)
+
+    def op_mm(self, n: fx.Node, shape: Any) -> None:
+        return self.op_matmul(n, shape)
+
+    def op_bmm(self, n: fx.Node, shape: Any) -> None:
+        return self.op_matmul(n, shape)
+
+    def _linear(self, n: fx.Node, shape: Any, x: Any, w: Any, b: Any, read: int, write: int) -> None:
+        lx, lw = self.L(x), self.L(w)
+        if lx is None or lw is None or shape is None or len(lw) != 2:
+            return self.opaque(n, "linear")
+        self.ax.unify_layouts(lx[-1], lw[read])
+        out = list(lx[:-1]) + [lw[write]]
+        if len(out) != len(shape):
+            out = self.ax.regroup(lx[:-1], shape[:-1]) + [lw[write]]
+        bias = None
+        if isinstance(b, fx.Node) and self.L(b) is not None:
+            self.ax.unify_layouts(self.L(b)[-1], lw[write])
+            self.role(b, -1, "co")
+            bias = self.src.get(b.name, (None,))[0]
+        self.role(w, read, "contra")
+        self.role(w, write, "co")
+        self.lay[n.name] = out
+        if w.name in self.src:
+            pname, amap = self.src[w.name]
+            pname = self.alias(pname)
+            self.facts.param_atoms.setdefault(pname, self.facts.param_atoms[self.src[w.name][0]])
+            self.facts.linears.append(Linear(pname, amap[read], amap[write], bias, x.name, n.name))
+            self.linear_out[n.name] = pname
+
+    def op_matmul(self, n: fx.Node, shape: Any) -> None:
+        a, b = n.args[0], n.args[1]
+        la, lb = self.L(a), self.L(b)
+        if la is None or lb is None or shape is None:
+            return self.opaque(n, "matmul")
+        if b.name in self.src and len(lb) == 2:  # x @ W (a weight stored input-first)
+            return self._linear(n, shape, a, b, None, read=0, write=1)
+        if len(la) < 2 or len(lb) < 2:
+            return self.opaque(n, "matmul")
+        # a contraction of two activations: a's features with b's rows are a dual pair
+        if la[-1] and lb[-2]:
+            if len(la[-1]) == 1 and len(lb[-2]) == 1:
+                self.ax.pairs.append((la[-1][0], lb[-2][0]))
+            else:
+                self.ax.unify_layouts(la[-1], lb[-2])
+        batch = self.broadcast(shape[:-2], [_Sub(a, la[:-2]), _Sub(b, lb[:-2])]) if len(shape) > 2 else []
+        self.lay[n.name] = list(batch) + [la[-2], lb[-1]]
+        self._attention_from_matmul(n, a, b)
+
+    def _attention_from_matmul(self, n: fx.Node, a: fx.Node, b: fx.Node) -> None:
+        """q @ k^T -> (scale, mask, softmax, dropout) -> @ v: one attention."""
+        la, lb = self.L(a), self.L(b)
+        if len(la) < 3:
+            return
+        cur, seen_softmax = n, False
+        for _ in range(12):
+            users = list(cur.users)
+            if len(users) != 1:
+                return
+            u = users[0]
+            op = _opname(u)
+            if op in ("matmul", "bmm") and u.args[0] is cur and seen_softmax:
+                v = u.args[1]
+                lv = self.L(v)
+                if lv is None or len(lv) < 3:
+                    return
+                self.facts.attentions.append(Attention(la[-1], lb[-2], lv[-1], la[-3], lb[-3], u.name, self.facts.modules.get(n.name, "")))
+                return
+            seen_softmax |= op in ("softmax", "_softmax", "_safe_softmax")
+            cur = u
+
+    def op_scaled_dot_product_attention(self, n: fx.Node, shape: Any) -> None:
+        q, k, v = n.args[0], n.args[1], n.args[2]
+        lq, lk, lv = self.L(q), self.L(k), self.L(v)
+        if lq is None or lk is None or lv is None or shape is None or len(lq) < 3:
+            return self.opaque(n, "scaled_dot_product_attention")
+        if lq[-1] and lk[-1]:
+            self.ax.pairs.append((lq[-1][0], lk[-1][0])) if len(lq[-1]) == 1 and len(lk[-1]) == 1 else \
+                self.ax.unify_layouts(lq[-1], lk[-1])
+        self.ax.unify_layouts(lk[-2], lv[-2])  # key and value positions
+        self.ax.unify_layouts(lk[-3], lv[-3])  # key and value heads
+        qs, ks = _shape(q), _shape(k)
+        if qs[-3] == ks[-3]:
+            self.ax.unify_layouts(lq[-3], lk[-3])
+        elif lq[-3] and lk[-3] and qs[-3] % ks[-3] == 0:  # enable_gqa: each kv head serves a group of query heads
+            group = self.ax.split(lq[-3][0], (ks[-3], qs[-3] // ks[-3])) if len(lq[-3]) == 1 else lq[-3]
+            self.ax.unify_layouts((group[0],), lk[-3])
+        self.lay[n.name] = list(lq[:-1]) + [lv[-1]]
+        self.facts.attentions.append(Attention(lq[-1], lk[-1], lv[-1], lq[-3], lk[-3], n.name, self.facts.modules.get(n.name, "")))
+
+    def op_embedding(self, n: fx.Node, shape: Any) -> None:
+        w, ids = n.args[0], n.args[1]
+        lw, li = self.L(w), self.L(ids)
+        if lw is None or li is None or len(lw) != 2:
+            return self.opaque(n, "embedding")
+        self.ax.tag(lw[0], "index")
+        self.role(w, 0, "index")
+        self.role(w, 1, "co")
+        self.lay[n.name] = list(li) + [lw[1]]
+        self.feature[n.name] = True
+
+    def op_conv2d(self, n: fx.Node, shape: Any) -> None:
+        x, w = n.args[0], n.args[1]
+        b = n.args[2] if len(n.args) > 2 else None
+        lx, lw = self.L(x), self.L(w)
+        if lx is None or lw is None or shape is None or len(lw) != 4:
+            return self.opaque(n, "conv2d")
+        self.ax.unify_layouts(lx[-3], lw[1])
+        self.ax.tag(lw[2] + lw[3], "kernel")
+        self.role(w, 1, "contra")
+        self.role(w, 0, "co")
+        self.role(w, 2, "kernel")
+        self.role(w, 3, "kernel")
+        if isinstance(b, fx.Node) and self.L(b) is not None:
+            self.ax.unify_layouts(self.L(b)[-1], lw[0])
+            self.role(b, -1, "co")
+        out = [((self.ax.fresh(s, "data"),) if s > 1 else ()) for s in shape]  # positions come from the input's
+        out[-3] = lw[0]
+        out[0] = lx[0] if lx[0] and shape[0] > 1 else out[0]
+        self.lay[n.name] = out
+        if w.name in self.src:
+            self.facts.linears.append(Linear(self.src[w.name][0], 1, 0, self.src.get(getattr(b, "name", ""), (None,))[0], x.name, n.name))
+
+    op_convolution = op_conv2d
+
+    def op_layer_norm(self, n: fx.Node, shape: Any) -> None:
+        return self._norm(n, shape, "layernorm")
+
+    def op_rms_norm(self, n: fx.Node, shape: Any) -> None:
+        return self._norm(n, shape, "rms")
+
+    def _norm(self, n: fx.Node, shape: Any, kind: str) -> None:
+        x = n.args[0]
+        lx = self.L(x)
+        if lx is None:
+            return self.opaque(n, kind)
+        w = n.args[2] if len(n.args) > 2 else n.kwargs.get("weight")
+        b = n.args[3] if kind == "layernorm" and len(n.args) > 3 else n.kwargs.get("bias")
+        self.ax.tag(lx[-1], kind)
+        gain = bias = None
+        if isinstance(w, fx.Node) and self.L(w) is not None:
+            self.ax.unify_layouts(self.L(w)[-1], lx[-1])
+            self.role(w, -1, "gain")
+            gain = self.gainlike.get(w.name, (None, 0.0))
+        if isinstance(b, fx.Node) and self.L(b) is not None:
+            self.ax.unify_layouts(self.L(b)[-1], lx[-1])
+            self.role(b, -1, "normbias")
+            bias = self.src.get(b.name, (None,))[0]
+        self.lay[n.name] = list(lx)
+        atom = lx[-1][0] if lx[-1] else self.ax.fresh(1)
+        self.facts.norms.append(Norm(kind, gain[0] if gain else None, gain[1] if gain else 0.0, bias, atom, n.name,
+                                     self.facts.modules.get(n.name, "")))
+
+    op_native_layer_norm = op_layer_norm
+
+
+class _Sub:
+    """A view of a node with only some of its dims (the batch dims of a matmul)."""
+
+    def __init__(self, node: fx.Node, lay: list[Layout]) -> None:
+        self.node = node
+        self.lay = lay
+
+
+def read_graph(ep: Any, model: torch.nn.Module) -> Facts:
+    """The facts of an exported program (see the module)."""
+    r = _Reader(ep, model)
+    facts = r.run()
+    _manual_norms(r, facts)
+    _consumers(r, facts)
+    return facts
+
+
+def _manual_norms(r: _Reader, facts: Facts) -> None:
+    """Norms written by hand (x * rsqrt(mean(x^2) + eps) * gain): a gain applied to a class
+    that an RMS or LayerNorm reduction normalises."""
+    for node, (pname, off, xname) in r.gain_at.items():
+        lay = r.L(_node(r, xname))
+        if not lay or not lay[-1]:
+            continue
+        tags = r.ax.tags_of(lay[-1][0])
+        kind = "rms" if "sumsq" in tags and "mean" not in tags else "layernorm" if "var" in tags or "mean" in tags else None
+        if kind is None:
+            continue
+        bias = None
+        n = _node(r, node)
+        users = list(n.users)
+        if len(users) == 1 and _opname(users[0]) == "add":
+            other = [a for a in users[0].args if isinstance(a, fx.Node) and a is not n]
+            if other and other[0].name in r.src and len(_shape(other[0]) or ()) == 1:
+                bias = r.src[other[0].name][0]
+                node = users[0].name
+        facts.norms.append(Norm(kind, pname, off, bias, lay[-1][0], node, facts.modules.get(node, "")))
+
+
+def _node(r: _Reader, name: str) -> fx.Node:
+    if not hasattr(r, "_by_name"):
+        r._by_name = {n.name: n for n in r.ep.graph.nodes}  # type: ignore[attr-defined]
+    return r._by_name[name]  # type: ignore[attr-defined]
+
+
+def _keeps_last(u: fx.Node) -> bool:
+    """Does ``u`` (select, slice, mean) leave the last axis of its input whole?"""
+    xs = _shape(u.args[0])
+    if xs is None or len(u.args) < 2:
+        return False
+    dims = u.args[1] if isinstance(u.args[1], (list, tuple)) else [u.args[1]]
+    if not all(isinstance(d, int) for d in dims):
+        return False
+    if any(int(d) % len(xs) == len(xs) - 1 for d in dims):
+        return False
+    return True
+
+
+def _consumers(r: _Reader, facts: Facts) -> None:
+    """For every norm output: who reads it, after ops that only copy or reshape it. A
+    ``("linear", weight, axis)`` entry is a layer reading it through that weight axis;
+    anything else is ``(op, "", -1)``."""
+    by_input: dict[str, list[Linear]] = {}
+    for lin in facts.linears:
+        by_input.setdefault(lin.input, []).append(lin)
+    for norm in facts.norms:
+        out: list[tuple[str, str, int]] = []
+        todo = [_node(r, norm.output)]
+        seen = set()
+        while todo:
+            n = todo.pop()
+            if n.name in seen:
+                continue
+            seen.add(n.name)
+            for u in n.users:
+                op = _opname(u)
+                lins = [lin for lin in by_input.get(n.name, []) if lin.output == u.name]
+                if lins:
+                    out += [("linear", lin.weight, lin.read_axis) for lin in lins]
+                elif op in TRANSPARENT or op in ("view", "reshape", "_unsafe_view", "alias"):
+                    todo.append(u)
+                elif op in ("select", "slice", "mean") and _keeps_last(u):  # pooling or picking positions
+                    todo.append(u)
+                elif op == "output":
+                    out.append(("output", "", -1))
+                else:
+                    out.append((op, "", -1))
+        facts.consumers[norm.output] = out
