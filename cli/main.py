@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "match": ("symspec.cli.match", "match_cmd", "Align model B to model A (weight matching by default); write B aligned."),
     "methods": ("symspec.cli.methods", "methods_cmd", "List the registered alignment methods."),
     "merge": ("symspec.cli.match", "merge_cmd", "Write the interpolation of A and B, aligned first."),
+    "infer": ("symspec.cli.infer", "infer_cmd", "Draft a checked spec from a model's traced graph."),
 }
 
 

@@ -134,6 +134,7 @@ class _Builder:
         self.notes: list[str] = []
         self.unexplained: list[tuple[str, str]] = []
         self.dims: dict[str, tuple[str, int, str]] = {}
+        self.single_kv: set[str] = set()  # attentions with one key/value head (multi-query)
 
     # -- tags ------------------------------------------------------------------------
     def related_tags(self, atom: int) -> set[str]:
@@ -175,14 +176,14 @@ class _Builder:
                 continue
             qw, kw, vw = (self.ax.find(x[0]) for x in (att.q, att.k, att.v))
             qh = self.ax.find(att.qh[0])
-            kh = self.ax.find(att.kh[0]) if att.kh else qh
+            kh = self.ax.find(att.kh[0]) if att.kh else None
             layer = self._layer_of_module(att.module)
             k = count.get(layer, 0)
             count[layer] = k + 1
             base = "attn" if k == 0 else f"attn{k + 1}"
             H, dh = self.ax.size[qh], self.ax.size[qw]
-            K = self.ax.size[kh]
-            gqa = kh != qh and K != H
+            K = att.kv or H
+            gqa = K != H
             sp = self.spaces.get(base)
             if sp is None:
                 sp = self.spaces[base] = Space(base, "heads", "Heads", "H", H, heads_dim="H", kv_dim="K" if gqa else None, dh_dim="dh")
@@ -210,8 +211,10 @@ class _Builder:
                     self.dims.setdefault("K", ("", K, "key/value heads"))
             sp.instances.add(layer)
             self.head_of[qh] = (base, layer, False)
-            if kh != qh:
+            if gqa and kh is not None:
                 self.head_of[kh] = (base, layer, True)
+            elif gqa:  # a single key/value head: its projection has no head axis
+                self.single_kv.add(base)
             self.within_of[qw] = (base, layer, "qk", False)
             self.within_of.setdefault(kw, (base, layer, "qk", True))
             self.within_of[vw] = (base, layer, "ov", False)
@@ -265,7 +268,7 @@ class _Builder:
             root = self.ax.find(norm.atom)
             if not self.fold_ok or other or not readers:
                 why = (f"its output also goes to {', '.join(other)}" if other else "nothing reads it" if not readers
-                       else "folding is off")
+                       else "folding it changed the function in the check")
                 unfoldable[root] = f"{norm.gain or norm.bias}: {why}"
                 continue
             into = [(w, a, lin_bias.get((w, a))) for w, a in dict.fromkeys(readers)]
@@ -328,8 +331,7 @@ class _Builder:
                 sp.group = meet(sp.group, g)
                 sp.chain = list(SHRINK[sp.group])
             self.class_space[r] = (base, index)
-            if base == "resid" and r in unfoldable and "layernorm" in tags and not any(
-                    t.startswith(("nonlinear", "homogeneous", "product")) for t in tags):
+            if base == "resid" and r in unfoldable and "layernorm" in tags:
                 self.spaces["sgn"] = Space("sgn", "sign", "Sign", "d", self.ax.size[r], {None}, ["Id"],
                                            ["LayerNorm(-y) = -LayerNorm(y): a global sign of the residual stream passes its norms"])
 
@@ -461,6 +463,9 @@ class _Builder:
     # -- bindings ----------------------------------------------------------------------
     def describe(self, atom: int, dual: bool, absval: bool = False) -> AxisBind | None:
         r = self.ax.find(atom)
+        if r in self.within_of and self.within_of[r][0] in self.single_kv:  # multi-query: k and v are one head
+            base, idx, part, side = self.within_of[r]
+            return AxisBind([[Factor(base, idx, part + ".kv", dual != side)]])
         if r in self.class_space:
             base, idx = self.class_space[r]
             return AxisBind([[Factor(base, idx, "", dual, absval)]])
@@ -528,18 +533,62 @@ class _Builder:
                 sc = self.scaled.get((pname, axis))
                 if sc is not None and not b.cat and len(b.chains[0]) == 1:
                     b.chains[0].append(Factor(sc[0], sc[1], "", sc[2]))
-                if absval and not b.cat:  # a gain that stays: it moves by |P|; a sign never reaches it
-                    b.chains[0] = [f for f in b.chains[0]]
-                if (rs & {"co", "normbias"}) and not b.cat and self._signed(b):
-                    b.chains[0].insert(0, Factor("sgn", None, "", dual))
-                elif "contra" in rs and not b.cat and self._signed(b):
-                    b.chains[0].insert(0, Factor("sgn", None, "", True))
+                if "sgn" in self.spaces and not b.cat and any(f.space == "resid" for f in b.chains[0]):
+                    sign = self._sign_of(pname, axis)
+                    if sign is not None:
+                        b.chains[0].insert(0, Factor("sgn", None, "", sign))
                 axes.append(b)
             params[pname] = axes
         return params
 
-    def _signed(self, b: AxisBind) -> bool:
-        return "sgn" in self.spaces and any(f.space == "resid" and not f.absval for f in b.chains[0])
+    def _sign_of(self, pname: str, axis: int) -> bool | None:
+        """Does the global sign reach this axis, and dually? None: it does not. A sign
+        passes adds, copies and LayerNorms (odd), not an activation such as GELU: each
+        group of residual-stream activations joined by adds and copies is signed unless
+        one of them is an activation's input or output. A gain whose norm turns an
+        unsigned input into a signed output carries the sign itself."""
+        signed = self._signed_nodes()
+        out: set[bool | None] = set()
+        for role, node, src in self.f.sites.get((pname, axis), set()):
+            if role in ("co", "normbias"):
+                out.add(False if signed.get(node, False) else None)
+            elif role == "contra":
+                out.add(True if signed.get(node, False) else None)
+            elif role == "gain":
+                out.add(False if signed.get(node, False) != signed.get(src, False) else None)
+        return out.pop() if len(out) == 1 else None
+
+    def _signed_nodes(self) -> dict[str, bool]:
+        if hasattr(self, "_signed_cache"):
+            return self._signed_cache
+        from .walk import ACTIVATIONS, ODD, PERMUTE, RESHAPE, TRANSPARENT, _opname
+
+        roots = {r for r, (b, _) in self.class_space.items() if b == "resid"}
+        nodes = [n for n in self._graph().nodes if n.name in self.f.node_atom and self.ax.find(self.f.node_atom[n.name]) in roots]
+        names = {n.name for n in nodes}
+        parent = {n: n for n in names}
+
+        def find(x: str) -> str:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        linking = TRANSPARENT | RESHAPE | PERMUTE | {"add", "sub", "getitem", "select", "slice", "cat"}
+        bad: set[str] = set()
+        for n in nodes:
+            op = _opname(n)
+            if op in ACTIVATIONS and op not in ODD:
+                bad.add(n.name)
+            for u in n.users:
+                uop = _opname(u)
+                if u.name in names and (uop in linking or (uop in ("mul", "div") and any(not hasattr(a, "name") for a in u.args))):
+                    parent[find(u.name)] = find(n.name)
+                if uop in ACTIVATIONS and uop not in ODD:
+                    bad.add(n.name)
+        unsigned = {find(x) for x in bad}
+        self._signed_cache = {n: find(n) not in unsigned for n in names}
+        return self._signed_cache
 
     # -- ties and centring -------------------------------------------------------------
     def plan_ties(self, folds: list[Fold]) -> tuple[list[tuple[str, str]], list[str]]:
@@ -569,7 +618,7 @@ class _Builder:
         if resid is None or resid.group != "OC":
             return {}
         roots = [r for r, (b, _) in self.class_space.items() if b == "resid"]
-        norm_readers = {(w, a) for fold in folds for w, a, _ in fold.into}
+        norm_readers = {(w, a) for cons in self.f.consumers.values() for kind, w, a in cons if kind == "linear"}
         lns = [n for n in self.f.norms if n.kind == "layernorm"]
         if not lns:
             return {}

@@ -37,6 +37,9 @@ NONLINEAR = {
 }
 #: positively homogeneous: f(a x) = a f(x) for a > 0 (positive scalings pass them)
 HOMOGENEOUS = {"relu", "relu_", "leaky_relu", "prelu", "threshold"}
+#: activation functions (what a sign flip cannot pass unless the function is odd)
+ACTIVATIONS = {"gelu", "silu", "sigmoid", "exp", "softplus", "mish", "hardswish", "hardsigmoid", "elu", "selu", "celu",
+               "relu", "leaky_relu", "relu6", "prelu", "threshold", "tanh", "erf", "abs", "square", "softmax", "_softmax"}
 #: odd elementwise functions: f(-x) = -f(x), so sign flips pass them too
 ODD = {"tanh", "erf", "sin", "sign", "hardtanh", "asinh", "atan", "sinh"}
 #: ops that keep every axis as it is and are linear (or copies)
@@ -85,6 +88,7 @@ class Attention:
     kh: Layout
     node: str
     module: str
+    kv: int = 0  # key/value heads before they were repeated for the query heads (0: as many as query heads)
 
 
 @attrs.define
@@ -111,6 +115,10 @@ class Facts:
     modules: dict[str, str]
     method: str = "export"
     graph: Any = None
+    #: (parameter, axis) -> (role, the activation node it writes or reads, a gain's input node)
+    sites: dict[tuple[str, int], set[tuple[str, str, str]]] = attrs.field(factory=dict)
+    #: node -> the atom of its last dim (where it is one atom)
+    node_atom: dict[str, int] = attrs.field(factory=dict)
 
 
 def _opname(n: fx.Node) -> str:
@@ -171,8 +179,9 @@ class _Reader:
     def feat(self, n: Any) -> bool:
         return isinstance(n, fx.Node) and self.feature.get(n.name, False)
 
-    def role(self, n: Any, dim: int, role: str) -> None:
-        """Record ``role`` on the parameter axis that dim ``dim`` of node ``n`` is."""
+    def role(self, n: Any, dim: int, role: str, at: Any = None, src: Any = None) -> None:
+        """Record ``role`` on the parameter axis that dim ``dim`` of node ``n`` is; ``at``:
+        the activation it writes or reads there (``src``: a gain's normalised input)."""
         if not isinstance(n, fx.Node) or n.name not in self.src:
             return
         pname, amap = self.src[n.name]
@@ -184,6 +193,8 @@ class _Reader:
             dim += len(amap)
         if 0 <= dim < len(amap) and amap[dim] is not None:
             self.facts.roles.setdefault(pname, {}).setdefault(amap[dim], set()).add(role)
+            if isinstance(at, fx.Node):
+                self.facts.sites.setdefault((pname, amap[dim]), set()).add((role, at.name, getattr(src, "name", "")))
 
     def alias(self, pname: str) -> str:
         """The name a tied parameter has in the module that uses it here (``lm_head.weight``
@@ -240,6 +251,9 @@ class _Reader:
             except Exception as e:  # a rule that did not fit this node: opaque, never wrong
                 self.opaque(n, f"{_opname(n)} ({type(e).__name__})")
         self.ax.close()
+        for name, lay in self.lay.items():
+            if isinstance(lay, list) and lay and isinstance(lay[-1], tuple) and len(lay[-1]) == 1:
+                self.facts.node_atom[name] = lay[-1][0]
         return self.facts
 
     def node(self, n: fx.Node) -> None:
@@ -261,6 +275,8 @@ class _Reader:
             if shape is not None:
                 self.lay[n.name] = self.fresh_layouts(shape)
             return None
+        if op.endswith("_") and not op.startswith("_") and op not in ("gelu_", "silu_", "relu_"):
+            op = op[:-1]  # in-place variants (add_, mul_) compute the same values
         handler = getattr(self, f"op_{op}", None)
         if handler is not None:
             return handler(n, shape)
@@ -401,6 +417,8 @@ class _Reader:
         out = list(lay)
         if (start, end, step) == (0, xs[dim], 1):
             pass
+        elif step == 1 and self._outer_piece(lay, dim, start, end) is not None:
+            out = self._outer_piece(lay, dim, start, end)
         elif step != 1 or len(lay[dim]) != 1:
             if self.feat(x):
                 self.ax.tag(lay[dim], "opaque:slice")
@@ -419,7 +437,10 @@ class _Reader:
         out, pos = [], 0
         for s in sizes:
             piece = list(lay)
-            if len(lay[dim]) == 1:
+            outer = self._outer_piece(lay, dim, pos, pos + s) if s > 0 else None
+            if outer is not None:
+                piece = outer
+            elif len(lay[dim]) == 1:
                 piece[dim] = (self.ax.seg(lay[dim][0], pos, pos + s),) if s > 0 else ()
             elif lay[dim]:
                 self.ax.tag(lay[dim], "opaque:split")
@@ -465,26 +486,42 @@ class _Reader:
         self.lay[n.name] = self._select(lay, dim, idx)
 
     def _select(self, lay: list[Layout], dim: int, idx: int) -> list[Layout]:
-        """Index ``idx`` of dim ``dim``. When that dim is the outer factor of a product
-        split (timm's qkv: (3, H, dh)), the piece is the idx-th segment of the split atom,
-        with its own inner classes."""
-        rest = lay[:dim] + lay[dim + 1 :]
+        """Index ``idx`` of dim ``dim`` (the dim goes away)."""
+        piece = self._outer_piece(lay, dim, idx, idx + 1)
+        if piece is None:
+            return lay[:dim] + lay[dim + 1 :]
+        return piece[:dim] + piece[dim + 1 :]
+
+    def _outer_piece(self, lay: list[Layout], dim: int, start: int, end: int) -> list[Layout] | None:
+        """Positions [start, end) of dim ``dim`` when that dim is the outer factor of a
+        product split (timm's qkv: (3, H, dh); Falcon's fused heads: (H + 2, dh)): the
+        piece is a segment of the split atom, with inner classes of its own (q, k and v
+        do not share a head width class). None when the dim is no such factor."""
         if len(lay[dim]) != 1:
-            return rest
+            return None
         a = lay[dim][0]
         org = self.ax.origin.get(a)
         if org is None or org[1] != "split" or org[2][1] != 0:
-            return rest
+            return None
         parent, _, (sizes, _) = org
-        inner = sizes[1:]
-        width = int(torch.tensor(inner).prod()) if inner else 1
-        seg = self.ax.seg(parent, idx * width, (idx + 1) * width)
+        inner = tuple(sizes[1:])
+        width = 1
+        for z in inner:
+            width *= z
+        seg = self.ax.seg(parent, start * width, end * width)
         old = self.ax.split(parent, sizes)[1:]
-        new = self.ax.split(seg, inner) if len(inner) > 1 else (seg,)
+        if end - start > 1:
+            new = self.ax.split(seg, (end - start, *inner))
+            outer, new = new[0], new[1:]
+        else:
+            outer = None
+            new = self.ax.split(seg, inner) if len(inner) > 1 else (seg,)
         remap: dict[int, int] = {}
         for o, m in zip(old, new):
             self._mirror(o, m, remap)
-        return [tuple(remap.get(self.ax.find(x), x) for x in d) for d in rest]
+        out = [tuple(remap.get(self.ax.find(x), x) for x in d) for d in lay]
+        out[dim] = (outer,) if outer is not None else ()
+        return out
 
     def _mirror(self, old: int, new: int, remap: dict[int, int]) -> None:
         """Map ``old`` and the pieces it was split into onto ``new``'s same pieces."""
@@ -524,7 +561,7 @@ class _Reader:
             if x.name in self.src:  # a class token or register token joining the features
                 for j in range(nd):
                     if j != dim:
-                        self.role(x, j, "co")
+                        self.role(x, j, "co", n)
             pos += s
         out[dim] = (whole,) if whole is not None else ()
         self.lay[n.name] = [o if o is not None else ((self.ax.fresh(s),) if s > 1 else ()) for o, s in zip(out, shape)]
@@ -565,7 +602,7 @@ class _Reader:
             for x in feats:  # biases and position tables added to features
                 for j in range(len(_shape(x) or ())):
                     if x.name in self.src:
-                        self.role(x, j - len(_shape(x)), "co")
+                        self.role(x, j - len(_shape(x)), "co", n)
             if len(feats) == 2 and (feats[0].name in self.src) != (feats[1].name in self.src):
                 pass
             return None
@@ -605,7 +642,7 @@ class _Reader:
                     and x.name not in self.gainlike and (_shape(g) or (0,))[-1] == shape[-1] and shape[-1] > 1:
                 pname, off = self.gainlike[g.name]
                 self.lay[n.name] = self.broadcast(shape, [x, g])
-                self.role(g, -1, "gain")
+                self.role(g, -1, "gain", n, x)
                 self.gain_at[n.name] = (pname, off, x.name)
                 return None
         fa, fb = self.feat(a), self.feat(b)
@@ -724,10 +761,10 @@ class _Reader:
         bias = None
         if isinstance(b, fx.Node) and self.L(b) is not None:
             self.ax.unify_layouts(self.L(b)[-1], lw[write])
-            self.role(b, -1, "co")
+            self.role(b, -1, "co", n)
             bias = self.src.get(b.name, (None,))[0]
-        self.role(w, read, "contra")
-        self.role(w, write, "co")
+        self.role(w, read, "contra", x)
+        self.role(w, write, "co", n)
         self.lay[n.name] = out
         if w.name in self.src:
             pname, amap = self.src[w.name]
@@ -772,7 +809,9 @@ class _Reader:
                 lv = self.L(v)
                 if lv is None or len(lv) < 3:
                     return
-                self.facts.attentions.append(Attention(la[-1], lb[-2], lv[-1], la[-3], lb[-3], u.name, self.facts.modules.get(n.name, "")))
+                kh, kv = self._kv_source(b, (_shape(a) or (0, 0, 0))[-3])
+                self.facts.attentions.append(Attention(la[-1], lb[-2], lv[-1], la[-3], kh if kv else lb[-3], u.name,
+                                                       self.facts.modules.get(n.name, ""), kv))
                 return
             seen_softmax |= op in ("softmax", "_softmax", "_safe_softmax")
             cur = u
@@ -794,7 +833,24 @@ class _Reader:
             group = self.ax.split(lq[-3][0], (ks[-3], qs[-3] // ks[-3])) if len(lq[-3]) == 1 else lq[-3]
             self.ax.unify_layouts((group[0],), lk[-3])
         self.lay[n.name] = list(lq[:-1]) + [lv[-1]]
-        self.facts.attentions.append(Attention(lq[-1], lk[-1], lv[-1], lq[-3], lk[-3], n.name, self.facts.modules.get(n.name, "")))
+        kh, kv = self._kv_source(k, qs[-3])
+        self.facts.attentions.append(Attention(lq[-1], lk[-1], lv[-1], lq[-3], kh, n.name, self.facts.modules.get(n.name, ""), kv))
+
+    def _kv_source(self, k: fx.Node, heads: int) -> tuple[Layout, int]:
+        """The key heads before a repeat for grouped-query attention (unsqueeze, expand,
+        reshape): their layout and count (0 when there are as many as query heads)."""
+        cur = k
+        for _ in range(8):
+            op = _opname(cur)
+            if op not in ("reshape", "view", "_unsafe_view", "expand", "unsqueeze", "clone", "contiguous", "alias") or not cur.args:
+                break
+            cur = cur.args[0]
+        shape = _shape(cur)
+        lay = self.L(cur)
+        if shape is None or lay is None or len(shape) < 3 or shape[-3] >= heads:
+            lk = self.L(k)
+            return (lk[-3] if lk else ()), 0
+        return lay[-3], shape[-3]
 
     def op_embedding(self, n: fx.Node, shape: Any) -> None:
         w, ids = n.args[0], n.args[1]
@@ -803,7 +859,7 @@ class _Reader:
             return self.opaque(n, "embedding")
         self.ax.tag(lw[0], "index")
         self.role(w, 0, "index")
-        self.role(w, 1, "co")
+        self.role(w, 1, "co", n)
         self.lay[n.name] = list(li) + [lw[1]]
         self.feature[n.name] = True
 
@@ -815,13 +871,13 @@ class _Reader:
             return self.opaque(n, "conv2d")
         self.ax.unify_layouts(lx[-3], lw[1])
         self.ax.tag(lw[2] + lw[3], "kernel")
-        self.role(w, 1, "contra")
-        self.role(w, 0, "co")
+        self.role(w, 1, "contra", x)
+        self.role(w, 0, "co", n)
         self.role(w, 2, "kernel")
         self.role(w, 3, "kernel")
         if isinstance(b, fx.Node) and self.L(b) is not None:
             self.ax.unify_layouts(self.L(b)[-1], lw[0])
-            self.role(b, -1, "co")
+            self.role(b, -1, "co", n)
         out = [((self.ax.fresh(s, "data"),) if s > 1 else ()) for s in shape]  # positions come from the input's
         out[-3] = lw[0]
         out[0] = lx[0] if lx[0] and shape[0] > 1 else out[0]
@@ -848,11 +904,11 @@ class _Reader:
         gain = bias = None
         if isinstance(w, fx.Node) and self.L(w) is not None:
             self.ax.unify_layouts(self.L(w)[-1], lx[-1])
-            self.role(w, -1, "gain")
+            self.role(w, -1, "gain", n, x)
             gain = self.gainlike.get(w.name, (None, 0.0))
         if isinstance(b, fx.Node) and self.L(b) is not None:
             self.ax.unify_layouts(self.L(b)[-1], lx[-1])
-            self.role(b, -1, "normbias")
+            self.role(b, -1, "normbias", n)
             bias = self.src.get(b.name, (None,))[0]
         self.lay[n.name] = list(lx)
         atom = lx[-1][0] if lx[-1] else self.ax.fresh(1)

@@ -1,0 +1,92 @@
+"""``symspec infer MODEL``: draft a spec from the traced graph, check it, write it."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ._common import EXIT_FAIL, EXIT_OK, echo_json, handle_errors, stderr_console
+from .check import MAX_BATCH, MAX_SEED
+
+
+@click.command("infer")
+@click.argument("model_file", metavar="MODEL")
+@click.option("--out", metavar="SPEC.yaml", help="Write the spec here (default: print it).")
+@click.option("--force", is_flag=True, help="Replace --out if it exists (never an input).")
+@click.option("--name", metavar="NAME", help="The spec's name (default: from the model's class).")
+@click.option("--model", "factory", metavar="MODEL.py", help="For a state-dict checkpoint: the model file whose build() makes its module.")
+@click.option("--samples", default=2, show_default=True, type=click.IntRange(1, 100), help="Random group elements per space in each check.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, MAX_SEED), help="Seed of the sampled elements and inputs.")
+@click.option("--batch", default=2, show_default=True, type=click.IntRange(1, MAX_BATCH), help="Batch size of the random inputs.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report (the spec's text is in it) instead of the spec.")
+@handle_errors
+def infer_cmd(model_file: str, out: str | None, force: bool, name: str | None, factory: str | None, samples: int, seed: int,
+              batch: int, as_json: bool) -> None:
+    """Draft a spec for MODEL from its traced graph, check it, and write it.
+
+    MODEL is what `symspec check` takes: a Python file defining build() (or `model`) and
+    example_inputs(), a Hugging Face model folder, or a state-dict checkpoint with --model.
+    The graph (torch.export) shows the residual stream and its norms, the attention heads
+    (rotary tables, grouped key/value heads), the MLP units and their nonlinearities; each
+    space gets the largest group that evidence allows, and the draft is checked. A space
+    whose check fails is shrunk to the next smaller group (GL -> O -> S -> identity) and
+    checked again. Exit 0 when the written spec passes its check, 1 when nothing could be
+    verified, 2 for bad input.
+    """
+    from pathlib import Path
+
+    from symspec.infer import infer
+    from symspec.loading import load_model
+    from symspec.outputs import Target, check_outputs, publish_bytes
+
+    target = Target(Path(out), "--out") if out else None
+    inputs_paths = [model_file] + ([factory] if factory else [])
+    if target is not None:
+        for note in check_outputs([target], inputs_paths, force=force):
+            click.echo(f"note: {note}", err=True)
+    loaded = load_model(model_file, factory=factory)
+    inputs = loaded.example_inputs(batch=batch, seed=seed)
+    console = stderr_console()
+    if as_json:
+        result = infer(loaded.model, inputs, name=name, samples=samples, seed=seed)
+    else:
+        with console.status("inferring...") as status:
+            result = infer(loaded.model, inputs, name=name, samples=samples, seed=seed,
+                           progress=lambda msg: status.update(msg))
+    ok = result.verified
+    if target is not None and result.passed:
+        publish_bytes([(target, result.yaml.encode("utf-8"))], force=force)
+    if as_json:
+        echo_json({**result.to_dict(), "out": out if (target is not None and result.passed) else None})
+    else:
+        _summary(result, out if result.passed else None)
+        if target is None and result.passed:
+            click.echo(result.yaml, nl=False)
+    sys.exit(EXIT_OK if ok else EXIT_FAIL)
+
+
+def _summary(result, out: str | None) -> None:  # type: ignore[no-untyped-def]
+    """What was found, on stderr (the spec itself goes to stdout or --out)."""
+    from rich.markup import escape
+
+    console = stderr_console()
+    console.print(f"[bold]symspec infer[/]: {result.draft.model_class} -> spec '{result.draft.name}'")
+    for s in result.spaces:
+        console.print(f"  [cyan]{escape(s.name)}[/]: {escape(s.group)}")
+        for e in s.evidence:
+            console.print(f"      {e}", markup=False, highlight=False)
+        for sh in s.shrunk:
+            console.print(f"      [yellow]shrunk[/] {escape(sh)}", highlight=False)
+    if result.unexplained:
+        console.print("  left invariant:")
+        for where, why in result.unexplained:
+            console.print(f"      {where}: {why}", markup=False, highlight=False)
+    for note in result.notes:
+        console.print(f"  note: {note}", markup=False, highlight=False)
+    if not result.spaces:
+        console.print("[red]no symmetry could be verified[/]: the spec declares no space")
+    elif result.passed:
+        console.print(f"[green]the spec passes its check[/] ({result.attempts} round(s))" + (f"; wrote {out}" if out else ""))
+    else:
+        console.print("[red]the draft still fails its check[/]; nothing written")
