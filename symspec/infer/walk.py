@@ -593,6 +593,10 @@ class _Reader:
             if isinstance(other, (int, float)):
                 p, off = self.gainlike[tensors[0].name]
                 self.gainlike[n.name] = (p, off + float(other))
+                self.lay[n.name] = list(self.L(tensors[0]))
+                if tensors[0].name in self.src:
+                    self.src[n.name] = self.src[tensors[0].name]
+                return None
         if len(feats) == 2 or (len(feats) == 1 and len(tensors) == 1):
             self.lay[n.name] = self.broadcast(shape, feats)
             if len(tensors) == 1 and not isinstance(a if tensors[0] is b else b, fx.Node):
@@ -799,7 +803,7 @@ class _Reader:
             return
         cur, seen_softmax = n, False
         for _ in range(12):
-            users = list(cur.users)
+            users = [u for u in cur.users if _opname(u) not in NO_TENSOR]
             if len(users) != 1:
                 return
             u = users[0]
@@ -842,7 +846,8 @@ class _Reader:
         cur = k
         for _ in range(8):
             op = _opname(cur)
-            if op not in ("reshape", "view", "_unsafe_view", "expand", "unsqueeze", "clone", "contiguous", "alias") or not cur.args:
+            last_two = op == "transpose" and len(cur.args) > 2 and all(int(d) % len(_shape(cur) or (0,)) >= len(_shape(cur) or (0,)) - 2 for d in cur.args[1:3])
+            if not last_two and (op not in ("reshape", "view", "_unsafe_view", "expand", "unsqueeze", "clone", "contiguous", "alias") or not cur.args):
                 break
             cur = cur.args[0]
         shape = _shape(cur)
