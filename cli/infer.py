@@ -36,7 +36,7 @@ def infer_cmd(model_file: str, out: str | None, force: bool, name: str | None, f
     """
     from pathlib import Path
 
-    from symspec.infer import infer
+    from symspec.inference import infer
     from symspec.loading import load_model
     from symspec.outputs import Target, check_outputs, publish_bytes
 

@@ -44,6 +44,8 @@ _EXPORTS = {
     "plant": "symspec.planting",
     "PlantedCopy": "symspec.planting",
     "parse_group": ("symspec.groups", "parse"),
+    "infer": "symspec.inference",
+    "InferResult": "symspec.inference",
     "SymspecError": "symspec.errors",
     "SymspecInputError": "symspec.errors",
     "SpecError": "symspec.errors",
@@ -55,7 +57,8 @@ _EXPORTS = {
 # submodule sets it as an attribute of the package, which would shadow a function
 # exported under the same name.
 _SUBMODULES = ("groups", "spec", "testing", "transforms", "graph", "problem", "errors", "loading",
-               "binding", "checker", "alignment", "match", "universe", "record", "solvers", "analyzers")
+               "binding", "checker", "alignment", "match", "universe", "record", "solvers", "analyzers",
+               "inference")
 
 __all__ = [*sorted(_EXPORTS), "__version__"]
 

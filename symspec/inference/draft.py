@@ -60,12 +60,15 @@ class Space:
     dh_dim: str = "dh"
     rot: int | None = None
     rot_dim: str | None = None
+    rope_layout: str = "half"
     #: how it shrank: (from, to, why)
     history: list[tuple[str, str, str]] = attrs.field(factory=list)
 
     def group_text(self) -> str:
         if self.kind == "heads":
-            qk = f"{self.qk}({self.dh_dim}" + (f", rot={self.rot_dim}" if self.qk == "RoPE" and self.rot_dim else "") + ")"
+            rope = self.qk == "RoPE"
+            qk = (f"{self.qk}({self.dh_dim}" + (f", rot={self.rot_dim}" if rope and self.rot_dim else "")
+                  + (", layout=interleaved" if rope and self.rope_layout == "interleaved" else "") + ")")
             kv = f", kv={self.kv_dim}" if self.kv_dim else ""
             return f"Heads({self.heads_dim}, qk={qk}, ov={self.ov}({self.dh_dim}){kv})"
         return f"{self.group}({self.dim})"
@@ -135,6 +138,7 @@ class _Builder:
         self.unexplained: list[tuple[str, str]] = []
         self.dims: dict[str, tuple[str, int, str]] = {}
         self.single_kv: set[str] = set()  # attentions with one key/value head (multi-query)
+        self.rope_layout = "half"
 
     # -- tags ------------------------------------------------------------------------
     def related_tags(self, atom: int) -> set[str]:
@@ -189,6 +193,7 @@ class _Builder:
                 sp = self.spaces[base] = Space(base, "heads", "Heads", "H", H, heads_dim="H", kv_dim="K" if gqa else None, dh_dim="dh")
                 qk_tags = self.related_tags(qw) | self.related_tags(kw)
                 sp.qk, sp.rot, why_qk = self.qk_group(qw, kw, qk_tags)
+                sp.rope_layout = self.rope_layout
                 sp.ov, why_ov = largest(self.related_tags(vw) - {"product"})
                 sp.ov = meet(sp.ov, "GL")
                 sp.qk_chain = ["O", "Id"] if sp.qk == "GL" else ["Id"] if sp.qk != "Id" else []
@@ -196,7 +201,8 @@ class _Builder:
                 sp.evidence.append(f"{att.node} in {att.module or 'the model'}: {H} query heads of width {dh}"
                                    + (f", {K} key/value heads (grouped-query attention)" if gqa else ""))
                 if sp.qk == "RoPE":
-                    sp.evidence.append("rotary embeddings: each half-pair of a head is multiplied by a position-dependent table"
+                    pairs = "dims (2i, 2i + 1)" if sp.rope_layout == "interleaved" else "dims i and i + half"
+                    sp.evidence.append(f"rotary embeddings: {pairs} of each query and key head are rotated together by a position-dependent table"
                                        + (f"; only the first {sp.rot} dims of a head rotate" if sp.rot and sp.rot < dh else ""))
                 elif why_qk:
                     sp.evidence.append(f"QK maps limited to {sp.qk}: {', '.join(why_qk)}")
@@ -221,19 +227,34 @@ class _Builder:
 
     def qk_group(self, qw: int, kw: int, tags: set[str]) -> tuple[str, int | None, list[str]]:
         rot = self._rope(qw)
-        if rot is not None and self._rope(kw) == rot:
+        layout = self.rope_layout
+        if rot is not None and self._rope(kw) == rot and self.rope_layout == layout:
             rest = tags - {"varying", "product"}
             g, why = largest(rest)
             return ("RoPE", rot, []) if g == "GL" else ("Id", None, why)
         g, why = largest(tags)
         return meet(g, "GL"), None, why
 
+    def _rope_interleaved(self, w: int) -> bool:
+        """Pairs (2i, 2i + 1) rotated by a position-dependent table (GPT-J's rotate_every_two)."""
+        ev = self.ax.every.get(self.ax.find(w), {})
+        return (0 in ev and 1 in ev and self.ax.find(ev[0]) == self.ax.find(ev[1])
+                and "varying" in self.related_tags(w))
+
     def _rope(self, w: int) -> int | None:
         """The rotated width of a head class whose halves are paired by a rotary table:
         the class (or its first segment) is cut into two halves that are one class, and it
         is multiplied by a position-dependent table."""
         n = self.ax.size[self.ax.find(w)]
+        self.rope_layout = "half"
+        if self._rope_interleaved(w):
+            self.rope_layout = "interleaved"
+            return n
         tiles = self.ax.tiling(w)
+        if tiles and len(tiles) == 2 and self._rope_interleaved(tiles[0][2]) \
+                and "varying" not in self.related_tags(tiles[1][2]):
+            self.rope_layout = "interleaved"
+            return tiles[0][1]
         if tiles and len(tiles) == 2 and tiles[0][1] * 2 == n and self.ax.find(tiles[0][2]) == self.ax.find(tiles[1][2]):
             return n if "varying" in self.related_tags(w) else None
         if tiles and len(tiles) == 2:

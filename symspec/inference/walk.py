@@ -317,7 +317,9 @@ class _Reader:
         v = _val(n)
         data = pname is None and n.name not in self.consts
         floating = isinstance(v, torch.Tensor) and v.is_floating_point() and data
-        self.lay[n.name] = self.fresh_layouts(shape, *(("data",) if data else ()))
+        # a model input is data; a floating-point buffer or constant is a table the spec cannot move
+        tags = ("data",) if data else ("buffer",) if isinstance(v, torch.Tensor) and v.is_floating_point() else ()
+        self.lay[n.name] = self.fresh_layouts(shape, *tags)
         self.feature[n.name] = floating
 
     # -- shape ops ---------------------------------------------------------------------
@@ -417,6 +419,8 @@ class _Reader:
         out = list(lay)
         if (start, end, step) == (0, xs[dim], 1):
             pass
+        elif step == 2 and start in (0, 1) and end >= xs[dim] - 1 and len(lay[dim]) == 1 and xs[dim] % 2 == 0:
+            out[dim] = (self.ax.every_other(lay[dim][0], start),)  # x[..., 0::2], x[..., 1::2]
         elif step == 1 and self._outer_piece(lay, dim, start, end) is not None:
             out = self._outer_piece(lay, dim, start, end)
         elif step != 1 or len(lay[dim]) != 1:
@@ -569,7 +573,20 @@ class _Reader:
     op_concat = op_cat
 
     def op_stack(self, n: fx.Node, shape: Any) -> None:
-        return self.opaque(n, "stack")
+        """Tensors stacked along a new dim move together on every other dim."""
+        xs = list(n.args[0])
+        lays = [self.L(x) for x in xs]
+        if shape is None or any(lay is None for lay in lays) or len({len(lay) for lay in lays}) != 1:
+            return self.opaque(n, "stack")
+        nd = len(shape)
+        dim = (int(n.args[1]) if len(n.args) > 1 else int(n.kwargs.get("dim", 0))) % nd
+        base = list(lays[0])
+        for lay in lays[1:]:
+            for j, d in enumerate(lay):
+                if base[j] and d:
+                    self.ax.unify_layouts(base[j], d)
+        new = (self.ax.fresh(shape[dim]),) if shape[dim] > 1 else ()
+        self.lay[n.name] = base[:dim] + [new] + base[dim:]
 
     # -- arithmetic --------------------------------------------------------------------
     def op_add(self, n: fx.Node, shape: Any) -> None:

@@ -54,9 +54,10 @@ def largest(tags: Iterable[str]) -> tuple[str, list[str]]:
 
     tags = set(tags)
     for t in sorted(tags):
-        if t in ("observable", "data", "index", "kernel"):
+        if t in ("observable", "data", "index", "kernel", "buffer"):
             cap("Id", {"observable": "an output of the model", "data": "an axis of the input data",
-                       "index": "an embedding's vocabulary", "kernel": "a convolution kernel"}[t])
+                       "index": "an embedding's vocabulary", "kernel": "a convolution kernel",
+                       "buffer": "a buffer (the spec moves parameters only)"}[t])
         elif t.startswith("opaque"):
             cap("Id", f"an op inference cannot read ({t.split(':', 1)[1]})")
         elif t == "constadd":

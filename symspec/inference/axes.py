@@ -37,7 +37,9 @@ class Axes:
         self.splits: dict[int, dict[tuple[int, ...], tuple[int, ...]]] = {}
         #: root -> (start, end) -> child atom
         self.segs: dict[int, dict[tuple[int, int], int]] = {}
-        #: child atom -> (parent atom, "split" | "seg", key)
+        #: root -> start -> the atom of every other entry from start (x[..., start::2])
+        self.every: dict[int, dict[int, int]] = {}
+        #: child atom -> (parent atom, "split" | "seg" | "every", key)
         self.origin: dict[int, tuple[int, str, object]] = {}
         #: dual pairs of classes contracted with each other (q·k)
         self.pairs: list[tuple[int, int]] = []
@@ -97,6 +99,16 @@ class Axes:
         memo[(start, end)] = c
         return c
 
+    def every_other(self, a: int, start: int) -> int:
+        """The atom of ``x[..., start::2]`` along ``a`` (interleaved rotary pairs)."""
+        r = self.find(a)
+        memo = self.every.setdefault(r, {})
+        if start not in memo:
+            c = self.fresh(self.size[r] // 2)
+            self.origin[c] = (r, "every", start)
+            memo[start] = c
+        return memo[start]
+
     def tiling(self, a: int) -> list[tuple[int, int, int]] | None:
         """The segments of ``a`` as (start, end, atom) when they tile it without overlap."""
         r = self.find(a)
@@ -137,6 +149,12 @@ class Axes:
                     self._pending.extend(zip(mine[sizes], kids))
                 else:
                     mine[sizes] = kids
+            for start, kid in self.every.pop(ry, {}).items():
+                mine_e = self.every.setdefault(rx, {})
+                if start in mine_e:
+                    self._pending.append((mine_e[start], kid))
+                else:
+                    mine_e[start] = kid
             for rng, kid in self.segs.pop(ry, {}).items():
                 mine_s = self.segs.setdefault(rx, {})
                 if rng in mine_s:
@@ -238,6 +256,7 @@ class Axes:
             for kids in self.splits.get(r, {}).values():
                 todo.extend(kids)
             todo.extend(self.segs.get(r, {}).values())
+            todo.extend(self.every.get(r, {}).values())
         return out
 
 
