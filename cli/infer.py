@@ -55,13 +55,13 @@ def infer_cmd(model_file: str, out: str | None, force: bool, name: str | None, f
             result = infer(loaded.model, inputs, name=name, samples=samples, seed=seed,
                            progress=lambda msg: status.update(msg))
     ok = result.verified
-    if target is not None and result.passed:
+    if target is not None and ok:
         publish_bytes([(target, result.yaml.encode("utf-8"))], force=force)
     if as_json:
-        echo_json({**result.to_dict(), "out": out if (target is not None and result.passed) else None})
+        echo_json({**result.to_dict(), "out": out if (target is not None and ok) else None})
     else:
-        _summary(result, out if result.passed else None)
-        if target is None and result.passed:
+        _summary(result, out if ok else None)
+        if target is None and ok:
             click.echo(result.yaml, nl=False)
     sys.exit(EXIT_OK if ok else EXIT_FAIL)
 

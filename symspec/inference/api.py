@@ -213,5 +213,5 @@ def _header(draft: Draft) -> list[str]:
         for sp in dead:
             lines.append(f"  - {sp.key()}: every candidate group failed the check")
     if draft.notes:
-        lines += [""] + draft.notes
+        lines += ["", *draft.notes]
     return lines

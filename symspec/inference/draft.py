@@ -304,7 +304,7 @@ class _Builder:
     # -- plain spaces ------------------------------------------------------------------
     def plain_spaces(self, unfoldable: dict[int, str]) -> None:
         order: list[int] = []
-        for pname, atoms in self.f.param_atoms.items():
+        for _pname, atoms in self.f.param_atoms.items():
             for a in atoms:
                 r = self.ax.find(a)
                 if r not in order and not self._structured(r):
@@ -321,9 +321,6 @@ class _Builder:
                 kind = "rms" if "rms" in tags or "sumsq" in tags else "layernorm"
                 g = meet(g, "SP" if kind == "rms" else "S")
                 why.append(f"a norm whose gain cannot be folded ({unfoldable[r]})")
-            tensors = {p for p, _, _ in axes}
-            if any(len(self.f.aliases.get(p, ())) > 1 for p in tensors) and self._tied_both_ways(r):
-                pass  # decided with the ties (untie, or keep and require orthogonal)
             layers = {layer_of(p) for p, _, _ in axes if layer_of(p) is not None}
             index = layers.pop() if len(layers) == 1 and r != emb and not any(layer_of(p) is None for p, _, _ in axes) else None
             if g == "Id":
@@ -364,9 +361,7 @@ class _Builder:
             if len(kids) == 2 and self.ax.find(kids[0]) in self.head_of:
                 return True
         tiles = self.ax.tiling(r)
-        if tiles and all(self._structured(self.ax.find(c)) for _, _, c in tiles):
-            return True
-        return False
+        return bool(tiles and all(self._structured(self.ax.find(c)) for _, _, c in tiles))
 
     def _embedding_class(self) -> int | None:
         for pname, roles in self.f.roles.items():
@@ -394,9 +389,6 @@ class _Builder:
                 if self.ax.find(a) == r:
                     out.append((pname, axis, self.f.roles.get(pname, {}).get(axis, set())))
         return out
-
-    def _tied_both_ways(self, r: int) -> bool:
-        return False
 
     def _where(self, axes: list[tuple[str, int, set[str]]]) -> str:
         names = [f"{p}[{a}]" for p, a, _ in axes]
@@ -490,7 +482,7 @@ class _Builder:
         if r in self.class_space:
             base, idx = self.class_space[r]
             return AxisBind([[Factor(base, idx, "", dual, absval)]])
-        for sizes, kids in self.ax.splits.get(r, {}).items():
+        for _sizes, kids in self.ax.splits.get(r, {}).items():
             if len(kids) != 2:
                 continue
             h, w = self.ax.find(kids[0]), self.ax.find(kids[1])

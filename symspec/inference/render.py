@@ -78,8 +78,8 @@ def render(draft: Draft, header: list[str]) -> str:
         lines += ["", "ties:"] + [f"  - [{a}, {b}]" for a, b in draft.ties]
     steps = _steps(draft)
     if steps:
-        lines += ["", "canonicalize:"] + steps
-    lines += ["", "params:"] + _params(draft)
+        lines += ["", "canonicalize:", *steps]
+    lines += ["", "params:", *_params(draft)]
     return "\n".join(lines) + "\n"
 
 
@@ -145,7 +145,7 @@ def _params(draft: Draft) -> list[str]:
     for tmpl, names in by_template.items():
         values = {n: param_value(draft.params[n], True, draft) for n in names}
         uniform = "{i}" in tmpl and len(set(values.values())) == 1 and len(names) > 0 \
-            and all(layer_of(n) is not None for n in names) and _layers_complete(draft, names)
+            and all(layer_of(n) is not None for n in names)
         note_of = {n: draft.param_notes.get(n, "") for n in names}
         if uniform:
             note = note_of[names[0]] if len(set(note_of.values())) == 1 else ""
@@ -155,8 +155,3 @@ def _params(draft: Draft) -> list[str]:
                 v = param_value(draft.params[n], False, draft)
                 lines.append(f"  {n}: {v}" + (f"  # {note_of[n]}" if note_of[n] else ""))
     return lines
-
-
-def _layers_complete(draft: Draft, names: list[str]) -> bool:
-    """Every indexed space a template names exists for each of its layers."""
-    return True

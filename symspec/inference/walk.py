@@ -377,7 +377,7 @@ class _Reader:
             i, j = (int(a) % nd for a in n.args[1:3])
             order[i], order[j] = order[j], order[i]
         elif op in ("t", "numpy_T", "mT"):
-            order = order[::-1] if nd <= 2 or op != "mT" else order[:-2] + [nd - 1, nd - 2]
+            order = order[::-1] if nd <= 2 or op != "mT" else [*order[:-2], nd - 1, nd - 2]
         elif op == "permute":
             order = [int(a) % nd for a in n.args[1]]
         elif op == "movedim":
@@ -586,7 +586,7 @@ class _Reader:
                 if base[j] and d:
                     self.ax.unify_layouts(base[j], d)
         new = (self.ax.fresh(shape[dim]),) if shape[dim] > 1 else ()
-        self.lay[n.name] = base[:dim] + [new] + base[dim:]
+        self.lay[n.name] = [*base[:dim], new, *base[dim:]]
 
     # -- arithmetic --------------------------------------------------------------------
     def op_add(self, n: fx.Node, shape: Any) -> None:
@@ -776,9 +776,9 @@ class _Reader:
         if lx is None or lw is None or shape is None or len(lw) != 2:
             return self.opaque(n, "linear")
         self.ax.unify_layouts(lx[-1], lw[read])
-        out = list(lx[:-1]) + [lw[write]]
+        out = [*list(lx[:-1]), lw[write]]
         if len(out) != len(shape):
-            out = self.ax.regroup(lx[:-1], shape[:-1]) + [lw[write]]
+            out = [*self.ax.regroup(lx[:-1], shape[:-1]), lw[write]]
         bias = None
         if isinstance(b, fx.Node) and self.L(b) is not None:
             self.ax.unify_layouts(self.L(b)[-1], lw[write])
@@ -810,7 +810,7 @@ class _Reader:
             else:
                 self.ax.unify_layouts(la[-1], lb[-2])
         batch = self.broadcast(shape[:-2], [_Sub(a, la[:-2]), _Sub(b, lb[:-2])]) if len(shape) > 2 else []
-        self.lay[n.name] = list(batch) + [la[-2], lb[-1]]
+        self.lay[n.name] = [*list(batch), la[-2], lb[-1]]
         self._attention_from_matmul(n, a, b)
 
     def _attention_from_matmul(self, n: fx.Node, a: fx.Node, b: fx.Node) -> None:
@@ -853,7 +853,7 @@ class _Reader:
         elif lq[-3] and lk[-3] and qs[-3] % ks[-3] == 0:  # enable_gqa: each kv head serves a group of query heads
             group = self.ax.split(lq[-3][0], (ks[-3], qs[-3] // ks[-3])) if len(lq[-3]) == 1 else lq[-3]
             self.ax.unify_layouts((group[0],), lk[-3])
-        self.lay[n.name] = list(lq[:-1]) + [lv[-1]]
+        self.lay[n.name] = [*list(lq[:-1]), lv[-1]]
         kh, kv = self._kv_source(k, qs[-3])
         self.facts.attentions.append(Attention(lq[-1], lk[-1], lv[-1], lq[-3], kh, n.name, self.facts.modules.get(n.name, ""), kv))
 
@@ -882,7 +882,7 @@ class _Reader:
         self.ax.tag(lw[0], "index")
         self.role(w, 0, "index")
         self.role(w, 1, "co", n)
-        self.lay[n.name] = list(li) + [lw[1]]
+        self.lay[n.name] = [*list(li), lw[1]]
         self.feature[n.name] = True
 
     def op_conv2d(self, n: fx.Node, shape: Any) -> None:
@@ -993,9 +993,7 @@ def _keeps_last(u: fx.Node) -> bool:
     dims = u.args[1] if isinstance(u.args[1], (list, tuple)) else [u.args[1]]
     if not all(isinstance(d, int) for d in dims):
         return False
-    if any(int(d) % len(xs) == len(xs) - 1 for d in dims):
-        return False
-    return True
+    return not any(int(d) % len(xs) == len(xs) - 1 for d in dims)
 
 
 def _consumers(r: _Reader, facts: Facts) -> None:
@@ -1019,9 +1017,7 @@ def _consumers(r: _Reader, facts: Facts) -> None:
                 lins = [lin for lin in by_input.get(n.name, []) if lin.output == u.name]
                 if lins:
                     out += [("linear", lin.weight, lin.read_axis) for lin in lins]
-                elif op in TRANSPARENT or op in ("view", "reshape", "_unsafe_view", "alias"):
-                    todo.append(u)
-                elif op in ("select", "slice", "mean") and _keeps_last(u):  # pooling or picking positions
+                elif op in TRANSPARENT or op in ("view", "reshape", "_unsafe_view", "alias") or (op in ("select", "slice", "mean") and _keeps_last(u)):
                     todo.append(u)
                 elif op == "output":
                     out.append(("output", "", -1))

@@ -1,0 +1,89 @@
+"""Architectures symspec ships no spec for, built small with random weights (nothing
+downloads): what ``symspec infer`` must draft a checked spec for on its own.
+
+``NEW[name]`` -> (builder, what the inferred spec must declare: space base name ->
+group text). Each entry stands for a feature the built-in families do not all have.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from symspec.testing import randomize_
+
+COMMON = dict(vocab_size=23, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=12,
+              bos_token_id=0, eos_token_id=0, pad_token_id=None)
+
+
+def _tokens(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(model.config.vocab_size, (2, 8), generator=g)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[-1, -2:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "use_cache": False}
+
+
+def _hf(cls_name: str, cfg_name: str, **kw: Any) -> Callable[[int], tuple[torch.nn.Module, Any]]:
+    def build(seed: int = 0) -> tuple[torch.nn.Module, Any]:
+        import transformers
+
+        torch.manual_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = getattr(transformers, cfg_name)(**{**COMMON, **kw})
+            model = getattr(transformers, cls_name)(cfg).eval()
+        randomize_(model, seed)
+        return model, _tokens(model, seed)
+
+    return build
+
+
+def _timm(name: str, **kw: Any) -> Callable[[int], tuple[torch.nn.Module, Any]]:
+    def build(seed: int = 0) -> tuple[torch.nn.Module, Any]:
+        import timm
+
+        torch.manual_seed(seed)
+        model = timm.create_model(name, pretrained=False, img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2,
+                                  num_classes=5, **kw).eval()
+        randomize_(model, seed)
+        return model, torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+
+    return build
+
+
+NEW: dict[str, tuple[Callable[..., tuple[torch.nn.Module, Any]], dict[str, str]]] = {
+    # partial rotary (half of each head rotates), attention and MLP in parallel off one LayerNorm
+    "phi": (_hf("PhiForCausalLM", "PhiConfig", partial_rotary_factor=0.5),
+            {"resid": "OC(d)", "attn": "Heads(H, qk=RoPE(dh, rot=r), ov=GL(dh))", "mlp": "S(f)"}),
+    # partial rotary with grouped-query attention and a gated MLP
+    "stablelm": (_hf("StableLmForCausalLM", "StableLmConfig", partial_rotary_factor=0.5, num_key_value_heads=2),
+                 {"resid": "OC(d)", "attn": "Heads(H, qk=RoPE(dh, rot=r), ov=GL(dh), kv=K)", "mlp": "S(f)", "up": "D(f)"}),
+    # multi-query attention (one key/value head) fused into one projection, parallel blocks
+    "falcon": (_hf("FalconForCausalLM", "FalconConfig", new_decoder_architecture=False, multi_query=True, parallel_attn=True,
+                   alibi=False, intermediate_size=None, ffn_hidden_size=12),
+               {"resid": "OC(d)", "attn": "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)", "mlp": "S(f)"}),
+    # (1 + w) RMSNorms, and norms on each branch's output before it joins the residual stream:
+    # those gains cannot be folded, so the residual keeps signed permutations only
+    "gemma2": (_hf("Gemma2ForCausalLM", "Gemma2Config", head_dim=4, num_key_value_heads=2),
+               {"resid": "SP(d)", "attn": "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)", "mlp": "S(f)", "up": "D(f)"}),
+    # LayerNorms without parameters
+    "olmo": (_hf("OlmoForCausalLM", "OlmoConfig"),
+             {"resid": "OC(d)", "attn": "Heads(H, qk=RoPE(dh), ov=GL(dh))", "mlp": "S(f)", "up": "D(f)"}),
+    # interleaved rotary pairs (2i, 2i + 1), LayerNorm without bias, parallel blocks
+    "cohere": (_hf("CohereForCausalLM", "CohereConfig", num_key_value_heads=2),
+               {"resid": "OC(d)", "attn": "Heads(H, qk=RoPE(dh, layout=interleaved), ov=GL(dh), kv=K)", "mlp": "S(f)",
+                "up": "D(f)"}),
+    # interleaved partial rotary, parallel blocks, a biased output head
+    "gptj": (_hf("GPTJForCausalLM", "GPTJConfig", n_embd=16, n_layer=2, n_head=4, rotary_dim=2, vocab_size=23),
+             {"resid": "OC(d)", "attn": "Heads(H, qk=RoPE(dh, rot=r, layout=interleaved), ov=GL(dh))", "mlp": "S(f)"}),
+    # timm DeiT: a distillation token beside the class token, two classifier heads
+    "deit_distilled": (_timm("deit_tiny_distilled_patch16_224"),
+                       {"resid": "OC(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh))", "mlp": "S(f)"}),
+    # timm ViT without a class token: register tokens and mean pooling before the head
+    "vit_registers_avgpool": (_timm("vit_tiny_patch16_224", class_token=False, global_pool="avg", reg_tokens=2),
+                              {"resid": "OC(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh))", "mlp": "S(f)"}),
+}

@@ -1,0 +1,349 @@
+"""``symspec infer``: a spec drafted from the traced graph, checked, and as rich as is true.
+
+- every built-in spec's family: the inferred spec binds the same spaces with the same
+  groups as the hand-written one (compared parameter axis by parameter axis), and passes
+  an independent check;
+- architectures the library ships no spec for (tests/infer_zoo.py): the expected groups,
+  a passing check, and for every space the next larger group fails its check;
+- negative cases: a nonlinearity on the residual stream, a norm that cannot be folded, an
+  op inference cannot read, evidence that overclaims (the check shrinks it), a model with
+  nothing to verify; and the command's exit codes and outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import symspec
+from symspec.binding import bind
+from symspec.checker import check
+from symspec.inference import InferResult, infer
+from symspec.spec import load_spec, loads_spec
+
+from .cli_files import run
+from .infer_zoo import NEW
+from .zoo import EXAMPLES, ZOO
+
+warnings.filterwarnings("ignore", message=".*eos_token_id.*")
+
+
+def signature(spec: Any, model: nn.Module) -> dict[str, tuple]:
+    """Parameter -> per axis, the groups acting on it (space instances renamed by first
+    appearance, so that two specs with the same spaces under other names agree)."""
+    problem = bind(spec, model).problem
+    ids: dict[str, int] = {}
+    out = {}
+    for pname in sorted(problem.params):
+        axes = []
+        for ab in sorted(problem.params[pname].axes, key=lambda a: a.axis):
+            segs = []
+            for seg in ab.segments:
+                facs = []
+                for f in seg.factors:
+                    ids.setdefault(f.space, len(ids))
+                    facs.append((ids[f.space], str(problem.spaces[f.space].group), f.path, f.variance))
+                segs.append((seg.start, seg.size, tuple(facs)))
+            axes.append((ab.axis, tuple(segs), ab.layout is not None))
+        if axes:
+            out[pname] = tuple(axes)
+    return out
+
+
+def mistral(seed: int = 0) -> tuple[nn.Module, Any]:
+    """Mistral shares the Llama spec (and has no zoo entry of its own)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.MistralConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=16,
+                                     intermediate_size=12, vocab_size=23, max_position_embeddings=32, head_dim=4,
+                                     bos_token_id=0, eos_token_id=0, pad_token_id=None)
+    model = transformers.MistralForCausalLM(cfg).eval()
+    symspec.testing.randomize_(model, seed)
+    return model, {"input_ids": torch.randint(23, (2, 8), generator=torch.Generator().manual_seed(seed)), "use_cache": False}
+
+
+#: built-in spec -> the model it is compared on; a tied Llama is compared with 'llama',
+#: which unties the head as inference does (llama_tied keeps the tie by giving up rotations)
+FAMILIES = {
+    "nanogpt": lambda: ZOO["nanogpt"](), "vit": lambda: ZOO["vit"](), "gpt2": lambda: ZOO["gpt2"](),
+    "hf_vit": lambda: ZOO["hf_vit"](), "timm_vit": lambda: ZOO["timm_vit"](), "opt": lambda: ZOO["opt"](),
+    "bert": lambda: ZOO["bert"](), "llama": lambda: ZOO["llama"](), "llama (tied)": lambda: ZOO["llama_tied"](),
+    "qwen2": lambda: ZOO["qwen2"](), "mistral (llama spec)": mistral, "gemma": lambda: ZOO["gemma"](),
+    "gpt_neox": lambda: ZOO["gpt_neox"](),
+}
+
+
+def _builtin(family: str) -> str:
+    return family.split(" ")[0] if "(llama spec)" not in family else "llama"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_inferred_spec_matches_the_hand_written_one(family: str) -> None:
+    model, inputs = FAMILIES[family]()
+    result = infer(model, inputs)
+    assert result.passed and result.verified, result.check.render()
+    assert signature(result.spec, model) == signature(load_spec(_builtin(family)), model)
+    # an independent check: more samples, another seed
+    report = check(model, result.spec, inputs, samples=3, seed=7)
+    assert report.passed, report.render()
+    # the YAML round-trips: it validates and loads to the same spec
+    assert loads_spec(result.yaml, "again.yaml").name == result.spec.name
+
+
+def test_the_signature_tells_specs_apart() -> None:
+    """The comparison can fail: a hand-written spec of another family, or a group changed."""
+    model, _ = ZOO["llama_tied"]()
+    llama = signature(load_spec("llama"), model)
+    assert llama != signature(load_spec("llama_tied"), model)
+    from .zoo import variant
+
+    assert llama != signature(variant("llama", ("group: O(d)", "group: SP(d)")), model)
+
+
+# -- architectures without a built-in spec -----------------------------------------------
+
+#: the next larger group of each inferred one (what must fail), as text replacements
+def _larger(group: str) -> str | None:
+    if group.startswith("Heads("):
+        if "qk=RoPE(" in group:
+            return re.sub(r"qk=RoPE\([^)]*\)", "qk=GL(dh)", group)
+        if "ov=O(" in group:
+            return group.replace("ov=O(", "ov=GL(")
+        if "qk=O(" in group:
+            return group.replace("qk=O(", "qk=GL(")
+        return None  # GL on both circuits: the largest there is
+    kind, arg = group.split("(", 1)
+    bigger = {"O": "GL", "OC": "O", "SP": "O", "S": "SP", "D": "GL", "Dpos": "D"}.get(kind)
+    return f"{bigger}({arg}" if bigger else None
+
+
+def assert_richest(model: nn.Module, inputs: Any, result: InferResult) -> int:
+    """For every inferred space, the same spec with that space's group one step larger
+    fails the check on that space. Returns how many spaces were tried."""
+    tried = 0
+    for sp in result.spaces:
+        bigger = _larger(sp.group)
+        if bigger is None:
+            continue
+        text = result.yaml.replace(f"  {sp.name}:\n    group: {json.dumps(sp.group)}", f"  {sp.name}:\n    group: {json.dumps(bigger)}")
+        if text == result.yaml:
+            text = result.yaml.replace(f"  {sp.name}:\n    group: {sp.group}", f"  {sp.name}:\n    group: {bigger}")
+        assert text != result.yaml, sp.name
+        report = check(model, loads_spec(text, "bigger.yaml"), inputs, samples=2, dtypes=("float64",))
+        failed = {r.space.replace("[*]", "[i]") for r in report.failed_rows()}
+        assert sp.name in failed, f"{sp.name}: {bigger} passes too\n{report.render()}"
+        tried += 1
+    return tried
+
+
+@pytest.mark.parametrize("name", list(NEW))
+def test_new_architectures_get_their_richest_true_groups(name: str) -> None:
+    build, want = NEW[name]
+    model, inputs = build()
+    result = infer(model, inputs)
+    assert result.passed, result.check.render()
+    assert {s.name.replace("[i]", ""): s.group for s in result.spaces} == want
+    assert assert_richest(model, inputs, result) >= 2
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "gpt_neox", "opt"])
+def test_built_in_families_get_their_richest_true_groups(family: str) -> None:
+    model, inputs = FAMILIES[family]()
+    result = infer(model, inputs)
+    assert assert_richest(model, inputs, result) >= 2
+
+
+# -- negative cases ------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, post_act: bool = False, shared_norm: bool = False) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 2 * d)
+        self.fc2 = nn.Linear(2 * d, d)
+        self.post_act = post_act
+        self.shared_norm = shared_norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln(x)
+        if self.shared_norm:  # post-norm: the norm's output is the residual stream itself
+            return h + self.fc2(F.gelu(self.fc1(h)))
+        y = x + self.fc2(F.gelu(self.fc1(h)))
+        return F.gelu(y) if self.post_act else y
+
+
+class Tiny(nn.Module):
+    def __init__(self, post_act: bool = False, shared_norm: bool = False, mystery: bool = False, d: int = 8) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, d)
+        self.blocks = nn.ModuleList([Block(d, post_act, shared_norm) for _ in range(2)])
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 11)
+        self.mystery = mystery
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        if self.mystery:
+            x = torch.ops.symspec_test.mystery(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.norm(x))
+
+
+@torch.library.custom_op("symspec_test::mystery", mutates_args=())
+def _mystery(x: torch.Tensor) -> torch.Tensor:
+    """An op the inference cannot read: it reverses the features' order and squares one."""
+    y = x.flip(-1).clone()
+    y[..., 0] = y[..., 0] ** 2
+    return y
+
+
+@_mystery.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _tiny(**kw: Any) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = Tiny(**kw).eval()
+    symspec.testing.randomize_(model, 0)
+    return model, torch.randint(11, (2, 6), generator=torch.Generator().manual_seed(0))
+
+
+def _groups(result: InferResult) -> dict[str, str]:
+    return {s.name: s.group for s in result.spaces}
+
+
+def test_a_nonlinearity_on_the_residual_stream_leaves_permutations() -> None:
+    model, ids = _tiny(post_act=True)
+    result = infer(model, ids)
+    assert result.passed
+    assert _groups(result)["resid"] == "S(d)"
+    assert any("gelu" in e for s in result.spaces if s.name == "resid" for e in s.evidence)
+    plain, ids = _tiny()
+    assert _groups(infer(plain, ids))["resid"] == "OC(d)"  # the same model without it keeps rotations
+
+
+def test_a_norm_that_cannot_be_folded_is_kept_and_narrows_the_group() -> None:
+    model, ids = _tiny(shared_norm=True)
+    result = infer(model, ids)
+    assert result.passed
+    groups = _groups(result)
+    assert groups["resid"] == "S(d)" and groups["sgn"] == "Sign(d)"
+    # the gains of the norms on the stream are bound, not folded
+    assert "blocks.{i}.ln.weight: [abs(resid)]" in result.yaml
+    assert "gain: blocks.{i}.ln.weight" not in result.yaml
+    assert "gain: norm.weight" in result.yaml  # the final norm only feeds the head: it folds
+
+
+def test_an_op_inference_cannot_read_stays_invariant() -> None:
+    model, ids = _tiny(mystery=True)
+    result = infer(model, ids)
+    assert result.passed
+    assert "resid" not in _groups(result)
+    assert any("mystery" in why for _, why in result.unexplained)
+    assert "mystery" in result.yaml  # the header says what was left invariant and why
+    # what is not touched by it keeps its symmetries
+    assert _groups(result)["mlp[i]"] == "S(f)"
+
+
+def test_a_wrong_claim_is_shrunk_by_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evidence that overclaims (every class GL) is caught by the check, space by space."""
+    import symspec.inference.draft as draft
+
+    monkeypatch.setattr(draft, "largest", lambda tags: ("GL", []))
+    model, inputs = ZOO["llama"]()
+    result = infer(model, inputs)
+    assert result.passed
+    groups = _groups(result)
+    assert groups["mlp[i]"] == "S(f)"
+    assert groups["resid"] in ("O(d)", "S(d)")
+    shrunk = {s.name: s.shrunk for s in result.spaces}
+    assert shrunk["mlp[i]"] and "GL(f)" in shrunk["mlp[i]"][0]
+    assert result.attempts > 1
+
+
+def test_nothing_verifiable_is_said_so() -> None:
+    class Opaque(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.symspec_test.mystery(self.a(torch.ops.symspec_test.mystery(x)))
+
+    result = infer(Opaque().eval(), torch.randn(2, 4))
+    assert result.passed and not result.verified and result.spaces == []
+
+
+def test_infer_is_exported_with_its_report() -> None:
+    model, inputs = ZOO["gpt2"]()
+    result = symspec.infer(model, inputs)
+    assert isinstance(result.spec, symspec.Spec)
+    d = result.to_dict()
+    assert d["verified"] and {s["name"] for s in d["spaces"]} == {"resid", "attn[i]", "mlp[i]"}
+    assert all(s["evidence"] for s in d["spaces"])
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def test_cli_writes_a_spec_that_validates_and_checks(tmp_path: Path) -> None:
+    out = tmp_path / "nanogpt.yaml"
+    code, _, err = run("infer", EXAMPLES / "nanogpt.py", "--out", out)
+    assert code == 0, err
+    assert "the spec passes its check" in err and "attn[i]: Heads(H, qk=GL(dh), ov=GL(dh))" in err
+    assert run("validate", out)[0] == 0
+    assert run("check", EXAMPLES / "nanogpt.py", "--spec", out)[0] == 0
+    # an existing output needs --force; an input is never an output, even with --force
+    assert run("infer", EXAMPLES / "nanogpt.py", "--out", out)[0] == 2
+    model_copy = tmp_path / "model.py"
+    model_copy.write_text((EXAMPLES / "nanogpt.py").read_text())
+    code, _, err = run("infer", model_copy, "--out", model_copy, "--force")
+    assert code == 2 and model_copy.read_text() == (EXAMPLES / "nanogpt.py").read_text(), err
+    # without --out the spec goes to stdout
+    code, text, _ = run("infer", EXAMPLES / "nanogpt.py", "--name", "mine")
+    assert code == 0 and loads_spec(text).name == "mine"
+
+
+def test_cli_json_and_hf_folder(tmp_path: Path) -> None:
+    model, _ = ZOO["llama"]()
+    folder = tmp_path / "llama"
+    model.save_pretrained(folder)
+    code, text, err = run("infer", folder, "--json")
+    assert code == 0, err
+    d = json.loads(text)
+    assert d["verified"] and "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)" in {s["group"] for s in d["spaces"]}
+    assert loads_spec(d["yaml"]).name == d["name"]
+
+
+def test_cli_bad_input_and_nothing_verified(tmp_path: Path) -> None:
+    assert run("infer", tmp_path / "missing.py")[0] == 2
+    f = tmp_path / "opaque.py"
+    f.write_text(
+        "import torch\n"
+        "import tests.test_infer  # registers the op\n"
+        "class Wrap(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.a = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        return torch.ops.symspec_test.mystery(self.a(torch.ops.symspec_test.mystery(x)))\n"
+        "model = Wrap().eval()\n"
+        "def example_inputs(model, batch=2, seed=0):\n"
+        "    return (torch.randn(batch, 4, generator=torch.Generator().manual_seed(seed)),)\n"
+    )
+    out = tmp_path / "s.yaml"
+    code, _, err = run("infer", f, "--out", out)
+    assert code == 1, err
+    assert "no symmetry could be verified" in err and not out.exists()
