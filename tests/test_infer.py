@@ -347,3 +347,29 @@ def test_cli_bad_input_and_nothing_verified(tmp_path: Path) -> None:
     code, _, err = run("infer", f, "--out", out)
     assert code == 1, err
     assert "no symmetry could be verified" in err and not out.exists()
+
+
+def test_infer_on_the_guides_phi_model_finds_the_guides_finished_spec() -> None:
+    """specs/README.md writes a Phi spec by hand in eight steps; inference finds the same
+    spaces and groups on every parameter axis at once."""
+    from .test_arch_guide import guide_model, guide_spec
+
+    model, inputs = guide_model()
+    result = infer(model, inputs)
+    assert result.passed
+    assert signature(result.spec, model) == signature(loads_spec(guide_spec(), "phi.yaml"), model)
+
+
+def test_the_guides_infer_output_is_what_the_command_prints(tmp_path: Path) -> None:
+    """specs/README.md quotes `symspec infer phi_model.py --out phi.yaml`: replayed here."""
+    from .test_arch_guide import block
+
+    model_file = tmp_path / "phi_model.py"
+    model_file.write_text(block("model").replace('SPEC = "phi.yaml"\n', ""))
+    code, _, err = run("infer", model_file, "--out", tmp_path / "phi.yaml")
+    assert code == 0, err
+
+    def norm(text: str) -> str:
+        return " ".join(text.split())
+
+    assert norm(err) == norm(block("infer").replace("wrote phi.yaml", f"wrote {tmp_path / 'phi.yaml'}"))

@@ -43,14 +43,13 @@ def meet(a: str, b: str) -> str:
 
 def largest(tags: Iterable[str]) -> tuple[str, list[str]]:
     """The largest group the tags allow, and why (one phrase per constraint)."""
-    g, why = "GL", []
+    g = "GL"
+    caps: list[tuple[str, str]] = []
 
     def cap(to: str, reason: str) -> None:
         nonlocal g
-        new = meet(g, to)
-        if new != g:
-            why.append(reason)
-        g = new
+        g = meet(g, to)
+        caps.append((to, reason))
 
     tags = set(tags)
     for t in sorted(tags):
@@ -87,4 +86,6 @@ def largest(tags: Iterable[str]) -> tuple[str, list[str]]:
             cap("S", "a softmax over it")
         elif t.startswith("reduce:"):
             cap("S", f"a {t.split(':', 1)[1]} over it")
+    # the reasons that decide the group (those that allow no more than it), each once
+    why = list(dict.fromkeys(reason for to, reason in caps if to == g))
     return g, why

@@ -12,9 +12,23 @@ from .draft import AxisBind, Draft, Factor, layer_of
 _LAYER = re.compile(r"\.(\d+)\.")
 
 
+def _quote(s: str) -> str:
+    """Single-quoted YAML (a double quote inside needs no escape), else JSON-style."""
+    return f"'{s}'" if "'" not in s else json.dumps(s)
+
+
 def _q(s: str) -> str:
-    """A YAML scalar: quoted when it holds characters YAML would read otherwise."""
-    return json.dumps(s) if re.search(r"[\[\]{}:,#&*!|>'\"%@`]", s) or s != s.strip() else s
+    """A block scalar, quoted only where YAML would read it otherwise."""
+    if not s or s != s.strip() or s[0] in "[]{}&*!|>'\"%@`,?-:#" or re.search(r": |\s#", s):
+        return _quote(s)
+    return s
+
+
+def _qf(s: str) -> str:
+    """An item of a flow sequence ``[a, b]``: quoted when it holds a flow indicator."""
+    if re.search(r"[,\[\]{}#:]", s) or s[0] in "&*!|>'\"%@`?-":
+        return _quote(s) if "'" not in s else json.dumps(s)
+    return s
 
 
 def factor_text(f: Factor, templated: bool, drafts: Draft) -> str | None:
@@ -48,7 +62,7 @@ def param_value(axes: list[AxisBind] | str, templated: bool, draft: Draft) -> st
     texts = [axis_text(b, templated, draft) for b in axes]
     if all(t == "_" for t in texts):
         return "invariant"
-    return "[" + ", ".join(_q(t) for t in texts) + "]"
+    return "[" + ", ".join(_qf(t) for t in texts) + "]"
 
 
 def template_of(name: str) -> str:
