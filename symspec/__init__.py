@@ -45,6 +45,7 @@ _EXPORTS = {
     "PlantedCopy": "symspec.planting",
     "parse_group": ("symspec.groups", "parse"),
     "infer": "symspec.inference",
+    "lift": "symspec.width",
     "InferResult": "symspec.inference",
     "SymspecError": "symspec.errors",
     "SymspecInputError": "symspec.errors",
@@ -58,7 +59,7 @@ _EXPORTS = {
 # exported under the same name.
 _SUBMODULES = ("groups", "spec", "testing", "transforms", "graph", "problem", "errors", "loading",
                "binding", "checker", "alignment", "match", "universe", "record", "solvers", "analyzers",
-               "inference")
+               "inference", "width")
 
 __all__ = [*sorted(_EXPORTS), "__version__"]
 

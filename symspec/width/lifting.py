@@ -1,0 +1,292 @@
+"""Lifting a narrower model into the shape of a wider one without changing its function.
+
+For every space of the spec, a pair of maps from the narrow width n_B to the wide width
+n_A: ``write`` for the axes that write features (covariant) and ``read`` for the axes
+that read them (contravariant), with ``read^T write = I`` so that a reader undoes a
+writer:
+
+- a residual stream with an orthogonal group (RMSNorm ``O``, LayerNorm ``OC`` after
+  centring, or ``GL`` without norms): a semi-orthogonal (Stiefel) map U, n_A x n_B with
+  U^T U = I; ``write = c U``, ``read = U / c`` with c = sqrt(n_A / n_B) for normed
+  streams, so that the mean square over the wider stream equals the narrower one's and
+  every norm (its epsilon included) computes what it did (the paper's App. E). For ``OC``
+  U maps the zero-mean subspace into the zero-mean subspace;
+- units (``S``, ``SP``): a semi-permutation T (every narrow unit copied into one or more
+  wide units, its outgoing weight shared among the copies): ``write = support(T)`` (the
+  copies compute the same activation, for any elementwise function) and ``read = T``;
+- heads (``Heads``): a semi-permutation of the key/value heads (query heads follow their
+  group), the same copies on the q, k and v sides and shares on the output side; a wider
+  head takes a Stiefel map V of its width, scaled on the QK side by
+  (dh_A / dh_B)^(1/4) per side so that q.k / sqrt(dh) is unchanged (rotary heads must
+  keep their width);
+- scalings (``D``, ``Dpos``, ``Sign``): the identity (the unit lift beside them carries
+  the width).
+
+The lift acts on B's canonical form (norms folded, writers centred) and writes A's
+canonical structure (a tie the spec unties stays untied); norm parameters that the fold
+made constant take A's width with the same constant.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from ..binding import BoundSpec, bind
+from ..errors import SymspecInputError
+from ..groups import GL, OC, SP, Heads, O, S
+from ..groups.base import make_generator
+from ..groups.classic import D, Dpos, Id, RoPE, Sign, centred_basis
+from ..groups.semiperm import SemiPermutation
+from ..problem import ParamBinding
+from ..spec.model import Spec
+from ..transforms.canonical import canonicalize_state_dict, canonicalize_structure
+
+
+class LiftError(SymspecInputError):
+    """The two models cannot be lifted one into the other (depth, a narrower A, a group
+    whose width cannot change exactly)."""
+
+
+@attrs.define
+class SpaceLift:
+    """How one space was lifted: its kind, the widths, and the maps (dense)."""
+
+    space: str
+    kind: str  # stiefel | semiperm | heads | identity
+    narrow: int
+    wide: int
+    write: torch.Tensor | None = None
+    read: torch.Tensor | None = None
+    detail: dict[str, Any] = attrs.field(factory=dict)
+
+    def describe(self) -> str:
+        if self.narrow == self.wide and self.kind == "identity":
+            return f"{self.space}: {self.narrow} (unchanged)"
+        return f"{self.space}: {self.narrow} -> {self.wide} ({self.kind})"
+
+
+@attrs.define
+class LiftResult:
+    model: torch.nn.Module  # A's class and config, B's function
+    lifts: dict[str, SpaceLift]
+    bound: BoundSpec  # the spec bound to the lifted model
+    #: max relative difference of the lifted model's outputs from B's in float64 (None: no inputs given)
+    error: float | None = None
+
+    def changed(self) -> list[SpaceLift]:
+        return [s for s in self.lifts.values() if s.narrow != s.wide]
+
+
+Action = Callable[[torch.Tensor, tuple[str, ...], str], torch.Tensor]
+
+
+def stiefel(n_wide: int, n_narrow: int, gen: torch.Generator, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """A random n_wide x n_narrow matrix with orthonormal columns (Haar on the Stiefel manifold)."""
+    g = torch.randn(n_wide, n_narrow, generator=gen, dtype=torch.float64)
+    q, r = torch.linalg.qr(g)
+    q = q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, torch.ones(()))
+    return q.to(dtype)
+
+
+def plain_lift(name: str, narrow: Any, wide: Any, gen: torch.Generator, *, stiefel_map: torch.Tensor | None = None,
+               semiperm: torch.Tensor | None = None) -> SpaceLift:
+    """The lift of one non-head space (see the module); ``stiefel_map`` or ``semiperm``
+    fix the map instead of drawing it (a fitted lift)."""
+    nb, na = narrow.n, wide.n
+    if type(narrow) is not type(wide):
+        raise LiftError(f"{name}: the narrow model's group {narrow} and the wide model's {wide} are of different kinds")
+    if na < nb:
+        raise LiftError(f"{name}: the first model ({na}) is narrower than the second ({nb}); lift the narrower one into the wider")
+    if isinstance(narrow, (D, Dpos, Sign)):
+        return SpaceLift(name, "identity", nb, na)
+    if na == nb and stiefel_map is None and semiperm is None:
+        return SpaceLift(name, "identity", nb, na)
+    if isinstance(narrow, (O, OC, GL)):
+        if isinstance(narrow, OC):
+            if stiefel_map is None:  # zero-mean into zero-mean, and the all-ones direction onto itself
+                v = stiefel(na - 1, nb - 1, gen)
+                ones = torch.ones(na, nb, dtype=torch.float64) / math.sqrt(na * nb)
+                stiefel_map = centred_basis(na) @ v @ centred_basis(nb).T + ones
+        elif stiefel_map is None:
+            stiefel_map = stiefel(na, nb, gen)
+        c = math.sqrt(na / nb) if isinstance(narrow, (O, OC)) else 1.0
+        return SpaceLift(name, "stiefel", nb, na, c * stiefel_map, stiefel_map / c, {"scale": c})
+    if isinstance(narrow, (S, SP)):
+        t = semiperm if semiperm is not None else SemiPermutation(na, nb).sample(gen)
+        return SpaceLift(name, "semiperm", nb, na, SemiPermutation.support(t), t)
+    if isinstance(narrow, Id) and na == nb:
+        return SpaceLift(name, "identity", nb, na)
+    raise LiftError(f"{name}: {narrow} -> {wide}: a space of this kind cannot change its width")
+
+
+def heads_lift(name: str, narrow: Heads, wide: Heads, gen: torch.Generator, *, kv_semiperm: torch.Tensor | None = None,
+               within: Mapping[str, torch.Tensor] | None = None) -> SpaceLift:
+    """The lift of a head space: a semi-permutation of key/value heads (query heads follow
+    their group), a Stiefel map per part when the head width grows."""
+    if narrow.group_size != wide.group_size:
+        raise LiftError(f"{name}: {narrow} -> {wide}: the query heads per key/value head differ "
+                        f"({narrow.group_size} and {wide.group_size}); they must be the same to lift")
+    kb, ka = narrow.kv, wide.kv
+    if ka < kb:
+        raise LiftError(f"{name}: the first model has fewer heads ({wide.heads}) than the second ({narrow.heads})")
+    t_kv = kv_semiperm if kv_semiperm is not None else (SemiPermutation(ka, kb).sample(gen) if ka != kb else torch.eye(kb, dtype=torch.float64))
+    g = narrow.group_size
+    eye_g = torch.eye(g, dtype=torch.float64)
+    copies_kv = SemiPermutation.support(t_kv)
+    parts: dict[str, tuple[torch.Tensor, float]] = {}
+    for (pname, gb), (_, ga) in zip(narrow.parts, wide.parts):
+        db, da = gb.n, ga.n
+        if da < db:
+            raise LiftError(f"{name}: head width {da} in the first model is below {db} in the second")
+        if isinstance(gb, RoPE) and (da != db or getattr(gb, "rot", db) != getattr(ga, "rot", da)):
+            raise LiftError(f"{name}.{pname}: rotary heads keep their width (and rotated dims) when lifted; got {db} -> {da}")
+        v = (within or {}).get(pname)
+        if v is None:
+            v = torch.eye(db, dtype=torch.float64) if da == db else stiefel(da, db, gen)
+        scale = (da / db) ** 0.25 if pname == "qk" and da != db else 1.0
+        parts[pname] = (v, scale)
+
+    def matrix(path: tuple[str, ...], variance: str) -> torch.Tensor:
+        part = path[0] if path and path[0] != "kv" else ""
+        kv = bool(path) and path[-1] == "kv"
+        key = part if part in parts else next(iter(parts))
+        v, scale = parts[key]
+        # the side that sums over heads (o_proj's input: the OV circuit read back) takes the
+        # shares; every other side is copied
+        shares = key == "ov" and variance == "contra"
+        heads = t_kv if shares else copies_kv
+        if not kv:
+            heads = torch.kron(heads, eye_g)
+        return torch.kron(heads.contiguous(), (v * scale).contiguous())
+
+    return SpaceLift(name, "heads", narrow.n, wide.n, detail={"kv": t_kv, "parts": parts, "matrix": matrix})
+
+
+def _action(lift: SpaceLift) -> Action:
+    def act(x: torch.Tensor, path: tuple[str, ...], variance: str) -> torch.Tensor:
+        if lift.kind == "identity":
+            return x
+        if lift.kind == "heads":
+            m = lift.detail["matrix"](path, variance)
+        elif variance == "co":
+            m = lift.write
+        elif variance == "contra":
+            m = lift.read
+        else:  # a gain (|rho|): copies of a unit keep its gain
+            if lift.kind != "semiperm":
+                raise LiftError(f"{lift.space}: a parameter bound with abs() cannot be lifted by a {lift.kind} map")
+            m = lift.write
+        assert m is not None
+        m = m.to(dtype=x.dtype, device=x.device)
+        return (m @ x.reshape(x.shape[0], -1)).reshape(m.shape[0], *x.shape[1:])
+
+    return act
+
+
+def lift_tensor(binding_b: ParamBinding, binding_a: ParamBinding, x: torch.Tensor, actions: Mapping[str, Action]) -> torch.Tensor:
+    """One of B's parameters in A's shape: each bound axis mapped segment by segment."""
+    axes_a = {ab.axis: ab for ab in binding_a.axes}
+    for ab in binding_b.axes:
+        moved = x.movedim(ab.axis, 0)
+        if ab.layout is not None:
+            moved = ab.layout.to_concat(moved)
+        pieces = []
+        for seg in ab.segments:
+            y = moved[seg.start : seg.stop]
+            for f in reversed(seg.factors):
+                y = actions[f.space](y, f.path, f.variance)
+            pieces.append(y)
+        moved = torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
+        layout_a = axes_a[ab.axis].layout if ab.axis in axes_a else None
+        if layout_a is not None:
+            moved = layout_a.to_storage(moved)
+        x = moved.movedim(0, ab.axis)
+    return x
+
+
+def lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, seed: int = 0,
+         fixed: Mapping[str, Mapping[str, Any]] | None = None, dtype: torch.dtype | None = None,
+         inputs: Any = None, rtol: float = 1e-9) -> LiftResult:
+    """B (``narrow``) in A's (``wide``) class and config, with B's function (see the
+    module). ``wide`` gives the structure only (its weights are not read). ``fixed``: per
+    space, the maps to use instead of random ones (``stiefel_map``, ``semiperm``; for
+    heads ``kv_semiperm``, ``within``), as a fitted lift provides. ``dtype``: of the lifted
+    model (default: the narrow model's). With ``inputs``, the lifted model (in float64) is
+    compared with B on them, and a difference above ``rtol`` is a :class:`LiftError` (a
+    model-specific constant the spec does not state, such as an embedding scaled by
+    sqrt(d), or a residual whose group cannot widen exactly)."""
+    bb = bind(spec, narrow)
+    ba = bind(spec, wide)
+    pb, pa = bb.problem, ba.problem
+    missing = sorted(set(pb.spaces) ^ set(pa.spaces))
+    if missing:
+        raise LiftError(f"the models differ in depth or structure: space(s) {', '.join(missing[:4])} exist in only one "
+                        f"of them; a lift keeps the number of layers")
+    gen = make_generator(seed)
+    lifts: dict[str, SpaceLift] = {}
+    for name in pb.spaces:
+        gb, ga = pb.spaces[name].group, pa.spaces[name].group
+        kw = dict((fixed or {}).get(name, {}))
+        if isinstance(gb, Heads):
+            if not isinstance(ga, Heads):
+                raise LiftError(f"{name}: {gb} and {ga} are of different kinds")
+            lifts[name] = heads_lift(name, gb, ga, gen, **kw)
+        else:
+            lifts[name] = plain_lift(name, gb, ga, gen, **kw)
+    actions = {name: _action(sl) for name, sl in lifts.items()}
+    sd_b = canonicalize_state_dict(bb, {k: v.detach().to(torch.float64) for k, v in narrow.state_dict().items()})
+    out = copy.deepcopy(wide).to(torch.float64)
+    canonicalize_structure(ba, out)
+    target = out.state_dict()
+    new: dict[str, torch.Tensor] = {}
+    for key, t_a in target.items():
+        if key not in sd_b:
+            continue
+        x = sd_b[key]
+        binding_b, binding_a = pb.params.get(key), pa.params.get(key)
+        if binding_b is not None and binding_b.axes:
+            y = lift_tensor(binding_b, binding_a or binding_b, x, actions)
+        elif tuple(x.shape) == tuple(t_a.shape):
+            y = x
+        elif x.numel() and bool((x == x.reshape(-1)[0]).all()):
+            y = torch.full_like(t_a, float(x.reshape(-1)[0]), dtype=torch.float64)  # a folded norm's constant
+        else:
+            raise LiftError(f"{key}: shape {tuple(x.shape)} in the narrow model, {tuple(t_a.shape)} in the wide one, "
+                            "and the spec binds no space to the axes that differ")
+        if tuple(y.shape) != tuple(t_a.shape):
+            raise LiftError(f"{key}: lifted to {tuple(y.shape)}, but the wide model's is {tuple(t_a.shape)}")
+        new[key] = y
+    out.load_state_dict({**target, **new}, strict=True)
+    out.eval()
+    error = None
+    if inputs is not None:
+        error = check_lift(narrow, out, inputs)
+        if not error <= rtol:
+            widths = ", ".join(s.describe() for s in lifts.values() if s.narrow != s.wide)
+            raise LiftError(f"the lifted model does not compute what the narrow one does (max rel err {error:.2e} > {rtol:.0e} "
+                            f"in float64; lifted {widths}): this family's width cannot change exactly under its spec")
+    out.to(dtype or next(iter(narrow.parameters())).dtype)
+    return LiftResult(out, lifts, bind(spec, out), error)
+
+
+def check_lift(narrow: torch.nn.Module, lifted: torch.nn.Module, inputs: Any, dtype: torch.dtype = torch.float64) -> float:
+    """Max relative difference of the two models' outputs on ``inputs`` in ``dtype``."""
+    from ..checker import _cast_inputs, call_forward, compare, copy_as, flatten_outputs
+    from ..precision import KeepFloat64
+
+    a, b = copy_as(narrow, dtype), copy_as(lifted, dtype)
+    x = _cast_inputs(inputs, dtype)
+    keep = KeepFloat64() if dtype == torch.float64 else None
+    ya = flatten_outputs(call_forward(a, x, keep))
+    yb = flatten_outputs(call_forward(b, x, keep))
+    return compare(ya, yb)[1]
+
+
+__all__ = ["LiftError", "LiftResult", "SpaceLift", "check_lift", "heads_lift", "lift", "lift_tensor", "plain_lift", "stiefel"]
+

@@ -1,0 +1,128 @@
+"""Lifting a narrower model into a wider one's shape keeps its function (symspec.width).
+
+A Stiefel map on the residual (scaled so that the norms compute what they did), semi-
+permutations of units and heads, Stiefel maps inside heads that grow: the lifted model is
+a model of the wide one's class and config, and computes what the narrow one does, in
+float64 to rounding and in float32 to the usual tolerance. Widths that cannot change
+exactly (rotary heads, a post-LN residual) and a narrower or shallower target are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from symspec.spec import load_spec
+from symspec.width import LiftError, check_lift, lift
+
+from .zoo import ZOO
+
+#: family -> (narrow sizes, wide sizes)
+FAMILIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "nanogpt": (dict(n_head=2, head_dim=4, n_ff=12), dict(n_head=4, head_dim=4, n_ff=20)),
+    "gpt2": (dict(n_head=2, head_dim=4), dict(n_head=3, head_dim=4)),
+    "llama": (dict(n_head=4, n_kv=2, head_dim=4, n_ff=12), dict(n_head=8, n_kv=4, head_dim=4, n_ff=16)),
+    "qwen2": (dict(n_head=4, n_kv=2, head_dim=4, n_ff=12), dict(n_head=6, n_kv=3, head_dim=4, n_ff=16)),
+    "opt": (dict(n_head=2, head_dim=4, n_ff=12), dict(n_head=4, head_dim=4, n_ff=20)),
+    "vit": (dict(n_head=2, head_dim=4), dict(n_head=4, head_dim=4)),
+    "hf_vit": (dict(n_head=2, head_dim=4, n_ff=12), dict(n_head=4, head_dim=4, n_ff=20)),
+    "timm_vit": (dict(n_head=2, head_dim=4), dict(n_head=4, head_dim=4)),
+    "gpt_neox": (dict(n_head=2, head_dim=4, n_ff=12), dict(n_head=4, head_dim=4, n_ff=20)),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_lift_keeps_the_function(family: str) -> None:
+    narrow_kw, wide_kw = FAMILIES[family]
+    narrow, inputs = ZOO[family](**narrow_kw)
+    wide, _ = ZOO[family](seed=1, **wide_kw)
+    result = lift(narrow, wide, load_spec(family), seed=3, inputs=inputs)
+    assert type(result.model) is type(wide)
+    assert {k: tuple(v.shape) for k, v in result.model.state_dict().items()} == \
+        {k: tuple(v.shape) for k, v in _canonical_structure(wide, family).state_dict().items()}
+    assert result.error is not None and result.error < 1e-12
+    assert check_lift(narrow, result.model, inputs, torch.float32) < 1e-4
+    assert {s.kind for s in result.changed()} >= {"stiefel", "semiperm", "heads"}
+
+
+def _canonical_structure(model: torch.nn.Module, family: str) -> torch.nn.Module:
+    import copy
+
+    from symspec.binding import bind
+    from symspec.transforms.canonical import canonicalize_structure
+
+    out = copy.deepcopy(model)
+    canonicalize_structure(bind(load_spec(family), out), out)
+    return out
+
+
+@settings(max_examples=12, deadline=None)
+@given(heads=st.tuples(st.integers(1, 3), st.integers(0, 2)), width=st.tuples(st.integers(2, 4), st.integers(0, 2)),
+       ff=st.tuples(st.integers(4, 12), st.integers(0, 9)), seed=st.integers(0, 2**16))
+def test_lifts_keep_the_function_over_widths_and_seeds(heads: tuple[int, int], width: tuple[int, int],
+                                                       ff: tuple[int, int], seed: int) -> None:
+    """Every narrow/wide pair of nanoGPTs (more heads, wider heads, more units, or the same),
+    every seed: exact in float64, within tolerance in float32."""
+    narrow, inputs = ZOO["nanogpt"](seed=seed % 7, n_head=heads[0], head_dim=2 * width[0], n_ff=ff[0])
+    wide, _ = ZOO["nanogpt"](seed=1, n_head=heads[0] + heads[1], head_dim=2 * (width[0] + width[1]), n_ff=ff[0] + ff[1])
+    result = lift(narrow, wide, load_spec("nanogpt"), seed=seed, inputs=inputs)
+    assert result.error < 1e-12
+    assert check_lift(narrow, result.model, inputs, torch.float32) < 1e-4
+
+
+def test_a_lift_that_is_not_one_is_caught() -> None:
+    """Drop the residual's rescaling: the norms no longer compute what they did, and the
+    comparison says so (the check can fail)."""
+    import symspec.width.lifting as lift_module
+
+    narrow, inputs = ZOO["llama"](n_ff=12)
+    wide, _ = ZOO["llama"](seed=1, n_head=8, n_kv=4, n_ff=16)
+    real = lift_module.plain_lift
+
+    def unscaled(name: str, nb: Any, na: Any, gen: Any, **kw: Any) -> Any:
+        out = real(name, nb, na, gen, **kw)
+        if out.kind == "stiefel":
+            c = out.detail["scale"]
+            out.write, out.read = out.write / c, out.read * c
+        return out
+
+    lift_module.plain_lift = unscaled
+    try:
+        with pytest.raises(LiftError, match="does not compute what the narrow one does"):
+            lift(narrow, wide, load_spec("llama"), inputs=inputs)
+    finally:
+        lift_module.plain_lift = real
+
+
+def test_what_cannot_be_lifted_is_refused() -> None:
+    narrow, _ = ZOO["llama"]()
+    wider_heads, _ = ZOO["llama"](seed=1, head_dim=8)  # rotary heads cannot change width
+    with pytest.raises(LiftError, match="rotary heads keep their width"):
+        lift(narrow, wider_heads, load_spec("llama"))
+    wide, _ = ZOO["llama"](seed=1, n_head=8, n_kv=4)
+    with pytest.raises(LiftError, match=r"narrower|fewer heads"):
+        lift(wide, narrow, load_spec("llama"))  # the target is the narrower one
+    deeper, _ = ZOO["llama"](seed=1, n_layer=3, n_head=8, n_kv=4)
+    with pytest.raises(LiftError, match="depth"):
+        lift(narrow, deeper, load_spec("llama"))
+    # post-LN: the residual's permutations cannot widen a LayerNorm exactly
+    bert, x = ZOO["bert"]()
+    bert_wide, _ = ZOO["bert"](seed=1, n_head=4)
+    with pytest.raises(LiftError):
+        lift(bert, bert_wide, load_spec("bert"), inputs=x)
+
+
+def test_a_lifted_hugging_face_model_saves_as_one(tmp_path: Any) -> None:
+    import transformers
+
+    narrow, inputs = ZOO["llama"]()
+    wide, _ = ZOO["llama"](seed=1, n_head=8, n_kv=4, n_ff=16)
+    result = lift(narrow, wide, load_spec("llama"), inputs=inputs)
+    result.model.save_pretrained(tmp_path / "lifted")
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "lifted").eval()
+    assert again.config.hidden_size == wide.config.hidden_size
+    assert check_lift(narrow, again, inputs, torch.float32) < 1e-4
