@@ -248,7 +248,8 @@ class Measurer:
              check_data: bool = True, align_kw: Mapping[str, Any] | None = None) -> PairResult:
         """Align (per ``method``), then evaluate the path and its barriers."""
         get_method(method)
-        check_pair(_state(model_a), _state(model_b), names)
+        if not _widths_differ(spec, model_a, model_b):  # models of different widths: align() lifts B first
+            check_pair(_state(model_a), _state(model_b), names)
         if check_data:
             check_fits(model_a, self.data, names[0])
             check_fits(model_b, self.data, names[1])
@@ -256,6 +257,24 @@ class Measurer:
         aligned = align_pair(method, model_a, model_b, spec=spec, device=self.device, data=self.align_data, **kw)
         curve = self.evaluator(aligned.module).curve(aligned.sd_a, aligned.sd_b, self.grid, progress, names)
         return pair_result(method, pair, names[0], names[1], curve, aligned.seconds, aligned.info)
+
+
+def _widths_differ(spec: Any, model_a: torch.nn.Module, model_b: torch.nn.Module) -> bool:
+    """Do the two models differ only in widths under ``spec`` (B narrower)? A depth
+    difference or a narrower A is refused here, in one line."""
+    if spec is None:
+        return False
+    from symspec.errors import SymspecInputError
+    from symspec.spec import Spec, load_spec
+    from symspec.width import LiftError, width_changes
+
+    try:
+        plain = spec if isinstance(spec, Spec) else getattr(spec, "spec", None) or load_spec(spec)
+        return bool(width_changes(plain, model_a, model_b))
+    except LiftError:
+        raise
+    except SymspecInputError:
+        return False  # not one spec: the usual checks say why
 
 
 def measure(pairs: Sequence[tuple[torch.nn.Module, torch.nn.Module]], data: EvalData, *,

@@ -141,6 +141,16 @@ def _load_pair(a: str, b: str, factory: str | None, spec_arg: str | None, progre
     spec = resolve_spec(spec_arg, la.model, la.spec_hint())
     if type(la.model) is not type(lb.model):
         raise _input_error(f"A is a {type(la.model).__name__} but B is a {type(lb.model).__name__}: they do not fit one spec")
+    from symspec.errors import SymspecInputError
+    from symspec.width import LiftError, width_changes
+
+    # different widths are lifted by align(); a depth difference or a narrower A is bad input, said now
+    try:
+        width_changes(spec, la.model, lb.model)
+    except LiftError:
+        raise
+    except SymspecInputError:
+        pass  # models that do not fit the spec: align() says how
     return la, lb, spec
 
 
@@ -244,6 +254,12 @@ def _print_summary(data: dict[str, Any]) -> None:
         else:
             what = f"{data['rounds']} round(s), {state}"
         console.print(f"{what}; weight distance {data['distance']['canonical']:.6g} -> {data['distance']['aligned']:.6g}")
+    lifted = (data.get("info") or {}).get("lift")
+    if lifted:
+        spaces = ", ".join(f"{k} {v['from']} -> {v['to']} ({v['kind']})" for k, v in list(lifted["spaces"].items())[:6])
+        more = len(lifted["spaces"]) - 6
+        console.print(f"B was narrower: lifted into A's shape ({lifted['how']} lift) before aligning: {spaces}"
+                      + (f" and {more} more" if more > 0 else ""))
     console.print(f"wrote {data['out']}: {', '.join(data['files'])}")
 
 
@@ -311,9 +327,10 @@ def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, metho
                         tol=tol, device=dev)
         progress.phase("writing")
         files: list[str] = []
+        lifted = result.info.get("lift")
         data = _summary("match", model_a, model_b, out, files, result, {"groups": result.record.meta["groups"]})
-
-        publish(out, force, _filler(lb, result.aligned_b, result, "match", data, files, (model_a, model_b)))
+        # a B lifted to A's widths is written in A's format and config
+        publish(out, force, _filler(la if lifted else lb, result.aligned_b, result, "match", data, files, (model_a, model_b)))
     if as_json:
         echo_json(data)
     else:

@@ -93,7 +93,7 @@ class AlignResult:
         that callers who only need the weights do not pay for it). None for state dicts."""
         if self._canonical_model is None and self.model_a is not None:
             self._canonical_model = canonical_module(self.bound, self.model_a, self.canonical_a,
-                                                     canonical=get_method(self.method).canonical)
+                                                     canonical=get_method(self.method).canonical or "lift" in self.info)
         return self._canonical_model
 
     def distance(self, which: str = "aligned") -> float:
@@ -178,11 +178,12 @@ def _bind_and_check(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSp
     return pair
 
 
-def _canonicalize(pair: _Pair, method: Method, timer: Timer) -> None:
+def _canonicalize(pair: _Pair, method: Method, timer: Timer, force: bool = False) -> None:
     """Both models in canonical form, float16/bfloat16 widened to float32 (they come back
-    in their own dtype); a method that works on raw weights gets them widened only."""
+    in their own dtype); a method that works on raw weights gets them widened only (unless
+    ``force``: B was lifted, and a lift writes canonical form)."""
     wa, wb = widen(pair.raw_a), widen(pair.raw_b)
-    if not method.canonical:
+    if not method.canonical and not force:
         pair.a, pair.b = wa, wb
         return
     with timer("canonicalize"):
@@ -230,7 +231,7 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
           method: str | Method = "weight", groups: str | Mapping[str, str] | None = None, rounds: int = 10,
           tol: float = 1e-6, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
           data: Any = None, validation: Any = None, progress: Any = None, config: Any = None,
-          keep_canonical_b: bool = True, options: Any = None) -> AlignResult:
+          keep_canonical_b: bool = True, options: Any = None, lift: str = "fitted", lift_seed: int = 0) -> AlignResult:
     """Align ``model_b`` to ``model_a`` under ``spec`` with a registered ``method``
     (:func:`symspec.alignment.method_names`; ``"weight"``: weight matching, data-free).
 
@@ -249,13 +250,22 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     ``keep_canonical_b=False`` saves one copy of B where the method can work in place
     (``canonical_b`` is then None). ``options``: the method's own knobs (for weight
     matching a :class:`~symspec.solvers.WeightOptions`). Inputs are never modified.
+
+    Models of different widths (modules only; the same depth, B no wider than A in any
+    space): B is first lifted into A's shape without changing its function
+    (:mod:`symspec.width`), with maps fitted to A (``lift="fitted"``) or drawn at random
+    (``lift="random"``, seed ``lift_seed``); ``info["lift"]`` says what was lifted, and
+    ``aligned_b`` has A's shapes.
     """
     m = method if isinstance(method, Method) else get_method(method)
+    lifted = None
+    if isinstance(model_a, torch.nn.Module) and isinstance(model_b, torch.nn.Module):
+        model_b, lifted = _lift_if_narrower(model_a, model_b, spec, lift, lift_seed)
     if m.needs_data and data is None:
         raise SymspecInputError(f"the method '{m.name}' needs data (pass data=, or --data on the command line)")
     timer, t0 = Timer(), time.perf_counter()
     pair = _bind_and_check(model_a, model_b, spec, config, timer)
-    _canonicalize(pair, m, timer)
+    _canonicalize(pair, m, timer, force=lifted is not None)  # a lifted B is in canonical form
     problem = pair.bound_a.problem
     modes = parse_restriction(groups if groups is not None else m.groups, problem)
     searched_problem = restrict_problem(problem, modes)
@@ -280,9 +290,36 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     cb = narrow_like(pair.b, pair.raw_b) if keep_canonical_b else None
     timings = timer.as_dict()
     timings["total"] = time.perf_counter() - t0
+    info = dict(found.info)
+    if lifted is not None:
+        info["lift"] = lifted
+        record.meta["lift"] = lifted
     return AlignResult(pair.bound_a, narrow_like(pair.a, pair.raw_a), cb, narrow_like(aligned, pair.raw_b), elements,
                        record, found.history, timings, found.converged, searched,
-                       model_a if isinstance(model_a, torch.nn.Module) else None, m.name, dict(found.info), d0)
+                       model_a if isinstance(model_a, torch.nn.Module) else None, m.name, info, d0)
+
+
+def _lift_if_narrower(model_a: torch.nn.Module, model_b: torch.nn.Module, spec: Spec | BoundSpec | str | Path,
+                      how: str, seed: int) -> tuple[torch.nn.Module, dict[str, Any] | None]:
+    """B as it is when it has A's widths, else B lifted into A's shape (and what was lifted)."""
+    from ..width import LiftError, fitted_lift, width_changes
+    from ..width import lift as random_lift
+
+    spec_obj = _resolve_spec(spec)
+    plain = spec_obj.spec if isinstance(spec_obj, BoundSpec) else spec_obj
+    try:
+        changes = width_changes(plain, model_a, model_b)
+    except LiftError:
+        raise
+    except SymspecInputError:
+        return model_b, None  # not one spec: the usual check says why
+    if not changes:
+        return model_b, None
+    if how not in ("fitted", "random"):
+        raise SymspecInputError(f"lift={how!r}: use 'fitted' or 'random'")
+    result = fitted_lift(model_b, model_a, plain, seed=seed) if how == "fitted" else random_lift(model_b, model_a, plain, seed=seed)
+    return result.model, {"how": how, "seed": seed,
+                          "spaces": {s.space: {"from": s.narrow, "to": s.wide, "kind": s.kind} for s in result.changed()}}
 
 
 def canonical_module(bound: BoundSpec, model: torch.nn.Module, state: Mapping[str, torch.Tensor], *,

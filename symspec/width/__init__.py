@@ -1,6 +1,8 @@
 """Models of different widths: lifting a narrower model into a wider one's shape
-(:mod:`.lifting`), the first step of width-heterogeneous alignment."""
+(:mod:`.lifting`; random maps, or fitted to the wider model: :mod:`.fit`), the first step
+of width-heterogeneous alignment: :func:`symspec.align` lifts B when it is narrower."""
 
-from .lifting import LiftError, LiftResult, SpaceLift, check_lift, lift
+from .fit import fitted_lift
+from .lifting import LiftError, LiftResult, SpaceLift, check_lift, lift, width_changes
 
-__all__ = ["LiftError", "LiftResult", "SpaceLift", "check_lift", "lift"]
+__all__ = ["LiftError", "LiftResult", "SpaceLift", "check_lift", "fitted_lift", "lift", "width_changes"]

@@ -275,6 +275,27 @@ def lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, seed: in
     return LiftResult(out, lifts, bind(spec, out), error)
 
 
+def width_changes(spec: Spec, wide: torch.nn.Module, narrow: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """Space -> (narrow width, wide width) for every space whose width differs between the
+    two models (empty: the same shapes). A depth difference, or a space that is wider in
+    ``narrow``, is a :class:`LiftError` (one line that says which)."""
+    ba, bb = bind(spec, wide), bind(spec, narrow)
+    extra = sorted(set(ba.problem.spaces) ^ set(bb.problem.spaces))
+    if extra:
+        raise LiftError(f"A and B differ in depth or structure: space(s) {', '.join(extra[:4])} exist in only one of "
+                        "them; models of different widths can be aligned, of different depths cannot")
+    out = {}
+    for name, sa in ba.problem.spaces.items():
+        ga, gb = sa.group, bb.problem.spaces[name].group
+        if str(ga) != str(gb):
+            out[name] = (gb.n, ga.n)
+    narrower = [f"{n} ({w} < {v})" for n, (v, w) in out.items() if w < v]
+    if narrower:
+        raise LiftError(f"A is narrower than B in {', '.join(narrower[:3])}: give the wider model as A (B is lifted "
+                        "into A's shape)")
+    return out
+
+
 def check_lift(narrow: torch.nn.Module, lifted: torch.nn.Module, inputs: Any, dtype: torch.dtype = torch.float64) -> float:
     """Max relative difference of the two models' outputs on ``inputs`` in ``dtype``."""
     from ..checker import _cast_inputs, call_forward, compare, copy_as, flatten_outputs
@@ -288,5 +309,6 @@ def check_lift(narrow: torch.nn.Module, lifted: torch.nn.Module, inputs: Any, dt
     return compare(ya, yb)[1]
 
 
-__all__ = ["LiftError", "LiftResult", "SpaceLift", "check_lift", "heads_lift", "lift", "lift_tensor", "plain_lift", "stiefel"]
+__all__ = ["LiftError", "LiftResult", "SpaceLift", "check_lift", "heads_lift", "lift", "lift_tensor", "plain_lift", "stiefel",
+           "width_changes"]
 

@@ -1,0 +1,112 @@
+"""Models of different widths (the paper's Fig. 3c, on the data here): the loss barrier
+between a character GPT of width d and GPTs of width d/8, d/4, d/2 (same depth), per
+method, mean ± standard error over seeds.
+
+    python bench/bench_width.py [--ratios 0.125,0.25,0.5] [--seeds 0 1 2] [--methods none,weight,learned]
+                                [--points 11] [--train-only] [--out bench/results/width.json]
+
+The wide models are bench/trained.py's ``gpt`` recipe (d 64, 4 heads, 2 layers, Tiny
+Shakespeare); the narrow ones the same recipe at d·ratio with 4 heads (narrower heads),
+trained by this script on first use and cached like every trained model. Pair k is wide
+seed k and narrow seed 100 + k (independent trainings). Methods:
+
+- ``none``: vanilla averaging after a *random* lift of B (Stiefel residual, random unit
+  and head copies), the paper's baseline;
+- ``weight``: the *fitted* lift (symspec.width.fitted_lift), then weight matching;
+- ``random-weight``: a random lift, then weight matching (what fitting the lift adds);
+- ``learned``: the fitted lift, weight matching, then learned matching (bench/lmc_table.py's
+  settings).
+
+The barrier is measured on the test split; learned matching trains on the train split
+and picks its step on val. Results go to ``--out`` with the command that made them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+
+import trained  # noqa: E402
+
+from symspec.analyzers.barrier import Measurer, align_pair, mean_stderr, pair_result  # noqa: E402
+
+METHODS = {"none": ("none", "random"), "random-weight": ("weight", "random"), "weight": ("weight", "fitted"),
+           "learned": ("learned", "fitted")}
+
+
+def recipe(ratio: float) -> dict[str, Any]:
+    base = trained.RECIPES["gpt"]
+    d = round(base["model"]["n_embd"] * ratio)
+    return {**base, "model": {**base["model"], "n_embd": d, "n_head": 4}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ratios", default="0.125,0.25,0.5")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--methods", default="none,random-weight,weight,learned")
+    ap.add_argument("--points", type=int, default=11)
+    ap.add_argument("--steps", type=int, default=300, help="learned matching's steps")
+    ap.add_argument("--data", default=f"text:{trained.DEFAULT_TEXT}")
+    ap.add_argument("--train-only", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "width.json"))
+    args = ap.parse_args(argv)
+    ratios = [float(r) for r in args.ratios.split(",")]
+    methods = args.methods.split(",")
+    wide = trained.trained_models("gpt", args.seeds, args.data)
+    narrow = {r: trained.trained_models("gpt", [100 + s for s in args.seeds], args.data, recipe=recipe(r)) for r in ratios}
+    if args.train_only:
+        return 0
+    from symspec.alignment.learned import LearnedOptions
+
+    rec = trained.RECIPES["gpt"]
+    test = trained.split("gpt", args.data, rec, wide[0][0], "test", batch=512)
+    train = trained.split("gpt", args.data, rec, wide[0][0], "train", batch=512)
+    val = trained.split("gpt", args.data, rec, wide[0][0], "val", batch=512)
+    measurer = Measurer(test, points=args.points)
+    rows: list[dict[str, Any]] = []
+    for r in ratios:
+        for meth in methods:
+            method, how = METHODS[meth]
+            barriers = []
+            for k, ((a, _), (b, _)) in enumerate(zip(wide, narrow[r])):
+                start = time.perf_counter()
+                kw: dict[str, Any] = {"lift": how, "lift_seed": k}
+                if method == "learned":
+                    kw.update(options=LearnedOptions(steps=args.steps, batch_size=64), validation=val)
+                aligned = align_pair(method, a, b, spec="nanogpt", data=train if method == "learned" else None, **kw)
+                curve = measurer.evaluator(aligned.module).curve(aligned.sd_a, aligned.sd_b, measurer.grid, None,
+                                                                 (f"d seed {args.seeds[k]}", f"d*{r} seed {100 + args.seeds[k]}"))
+                res = pair_result(method, k, "A", "B", curve, aligned.seconds, aligned.info)
+                barriers.append(res.barrier.value)
+                print(f"ratio {r:<6} {meth:<14} pair {k}: loss barrier {res.barrier.value:.3f} "
+                      f"({time.perf_counter() - start:.0f} s)", flush=True)
+            mean, se = mean_stderr(barriers)
+            rows.append({"ratio": r, "method": meth, "barrier_mean": mean, "barrier_se": se, "barriers": barriers})
+    trained.write_results(Path(args.out), {
+        "benchmark": "loss barrier between models of different widths (Fig. 3c)",
+        "command": trained.command_line("bench_width.py", argv),
+        "wide": {"recipe": rec, "seeds": args.seeds},
+        "narrow": {str(r): recipe(r)["model"] for r in ratios},
+        "rows": rows,
+    })
+    print("| ratio | " + " | ".join(methods) + " |")
+    print("|---|" + "---|" * len(methods))
+    for r in ratios:
+        cells = []
+        for meth in methods:
+            row = next(x for x in rows if x["ratio"] == r and x["method"] == meth)
+            cells.append(f"{row['barrier_mean']:.2f} ± {row['barrier_se'] or 0:.2f}")
+        print(f"| {r} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
