@@ -149,18 +149,13 @@ class Axes:
                     self._pending.extend(zip(mine[sizes], kids))
                 else:
                     mine[sizes] = kids
-            for start, kid in self.every.pop(ry, {}).items():
-                mine_e = self.every.setdefault(rx, {})
-                if start in mine_e:
-                    self._pending.append((mine_e[start], kid))
-                else:
-                    mine_e[start] = kid
-            for rng, kid in self.segs.pop(ry, {}).items():
-                mine_s = self.segs.setdefault(rx, {})
-                if rng in mine_s:
-                    self._pending.append((mine_s[rng], kid))
-                else:
-                    mine_s[rng] = kid
+            for memo in (self.every, self.segs):  # the same piece of both: one class
+                mine_m = memo.setdefault(rx, {})
+                for key, kid in memo.pop(ry, {}).items():
+                    if key in mine_m:
+                        self._pending.append((mine_m[key], kid))
+                    else:
+                        mine_m[key] = kid
 
     def unify_layouts(self, la: Layout, lb: Layout) -> bool:
         """Make two layouts of one size the same classes, splitting atoms where their

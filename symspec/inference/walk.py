@@ -624,20 +624,22 @@ class _Reader:
                 for j in range(len(_shape(x) or ())):
                     if x.name in self.src:
                         self.role(x, j - len(_shape(x)), "co", n)
-            if len(feats) == 2 and (feats[0].name in self.src) != (feats[1].name in self.src):
-                pass
             return None
         if len(feats) == 1:  # a feature tensor plus a table that is not one (a mask, a fixed position table)
             f = feats[0]
-            other = b if f is a else a
             self.lay[n.name] = self.broadcast(shape, [f])
-            ol = self.L(other) or []
-            off = len(shape) - len(ol)
-            for i, d in enumerate(ol):
-                if d and shape[off + i] > 1:
-                    self.ax.tag(self.lay[n.name][off + i], "constadd")
+            self._tag_along(n, shape, b if f is a else a, "constadd")
             return None
         self.lay[n.name] = self.broadcast(shape, tensors, unify=False)
+
+    def _tag_along(self, n: fx.Node, shape: Any, table: Any, tag: str) -> None:
+        """Tag the classes of ``n``'s dims along which ``table`` (a tensor that is no
+        feature: a mask, a position table) varies."""
+        lay = self.L(table) or []
+        off = len(shape) - len(lay)
+        for i, d in enumerate(lay):
+            if d and shape[off + i] > 1:
+                self.ax.tag(self.lay[n.name][off + i], tag)
 
     def op_mul(self, n: fx.Node, shape: Any) -> None:
         return self._muldiv(n, shape, "mul")
@@ -683,13 +685,8 @@ class _Reader:
         if f is None:
             self.lay[n.name] = self.broadcast(shape, tensors, unify=False)
             return None
-        other = b if f is a else a
         self.lay[n.name] = self.broadcast(shape, [f])
-        ol = self.L(other) or []
-        off = len(shape) - len(ol)
-        for i, d in enumerate(ol):
-            if d and shape[off + i] > 1:  # varies along a feature axis: a rotary table, a fixed mask
-                self.ax.tag(self.lay[n.name][off + i], "varying")
+        self._tag_along(n, shape, b if f is a else a, "varying")  # a rotary table, a fixed mask
         if f.name in self.src and op == "mul":
             self.src[n.name] = self.src[f.name]
 

@@ -279,6 +279,9 @@ def width_changes(spec: Spec, wide: torch.nn.Module, narrow: torch.nn.Module) ->
     """Space -> (narrow width, wide width) for every space whose width differs between the
     two models (empty: the same shapes). A depth difference, or a space that is wider in
     ``narrow``, is a :class:`LiftError` (one line that says which)."""
+    sa, sb = wide.state_dict(), narrow.state_dict()
+    if sa.keys() == sb.keys() and all(sa[k].shape == sb[k].shape for k in sa):
+        return {}  # the same shapes: nothing to lift (a config that differs otherwise is another matter)
     ba, bb = bind(spec, wide), bind(spec, narrow)
     extra = sorted(set(ba.problem.spaces) ^ set(bb.problem.spaces))
     if extra:
