@@ -57,7 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=f"text:{trained.DEFAULT_TEXT}")
     ap.add_argument("--train-only", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "width.json"))
+    ap.add_argument("--plot", default=str(ROOT / "bench" / "results" / "width.png"), help="the figure (barrier vs width ratio)")
+    ap.add_argument("--from-results", action="store_true", help="only draw the figure and table from --out")
     args = ap.parse_args(argv)
+    if args.from_results:
+        import json
+
+        doc = json.loads(Path(args.out).read_text())
+        plot(doc["rows"], Path(args.plot))
+        return 0
     ratios = [float(r) for r in args.ratios.split(",")]
     methods = args.methods.split(",")
     wide = trained.trained_models("gpt", args.seeds, args.data)
@@ -97,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         "narrow": {str(r): recipe(r)["model"] for r in ratios},
         "rows": rows,
     })
+    plot(rows, Path(args.plot))
     print("| ratio | " + " | ".join(methods) + " |")
     print("|---|" + "---|" * len(methods))
     for r in ratios:
@@ -106,6 +115,36 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{row['barrier_mean']:.2f} ± {row['barrier_se'] or 0:.2f}")
         print(f"| {r} | " + " | ".join(cells) + " |")
     return 0
+
+
+LABELS = {"none": "vanilla (random lift)", "random-weight": "random lift + weight matching",
+          "weight": "fitted lift + weight matching", "learned": "fitted lift + learned matching"}
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Loss barrier against the width ratio of B to A, one line per method (mean ± s.e.)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for meth in dict.fromkeys(r["method"] for r in rows):
+        pts = sorted((r["ratio"], r["barrier_mean"], r["barrier_se"] or 0.0) for r in rows if r["method"] == meth)
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                    label=LABELS.get(meth, meth))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([r for r in sorted({r["ratio"] for r in rows})])
+    ax.set_xticklabels([f"1/{round(1 / r)}" if r < 1 else "1" for r in sorted({r["ratio"] for r in rows})])
+    ax.set_xlabel("width of B / width of A (A: d 64)")
+    ax.set_ylabel("loss barrier (test)")
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
