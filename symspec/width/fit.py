@@ -8,10 +8,9 @@ Each round:
    any Stiefel map is Q U for some Q, so this is a Procrustes fit of U itself), and the
    head permutation is kept;
 2. for every unit space, B's units are written in A's frame (every other space lifted
-   with the fitted maps, this one left narrow) and each of A's units is given the B unit
-   whose incoming weights are nearest (an assignment in which every B unit gets at least
-   one copy: a rectangular Hungarian step, then each remaining A unit to its nearest B
-   unit); the shares of a unit's copies fit A's outgoing weights in least squares over the
+   with the fitted maps, this one left narrow) and each of A's units is given a B unit,
+   every B unit at least once, at the least total squared distance of incoming weights
+   (:mod:`.assign`, an exact semi-permutation matching); the shares of a unit's copies fit A's outgoing weights in least squares over the
    simplex (the exact solution: a projection onto the simplex);
 3. B is lifted again with these maps.
 
@@ -27,13 +26,13 @@ from typing import Any
 
 import attrs
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from ..binding import bind
 from ..groups import OC, SP, O, S
 from ..groups.classic import GL
 from ..spec.model import Spec
 from ..transforms.canonical import canonicalize_state_dict
+from .assign import semiperm_assignment
 from .lifting import LiftResult, SpaceLift, _action, lift, lift_tensor
 
 
@@ -49,20 +48,13 @@ def project_simplex(t: torch.Tensor) -> torch.Tensor:
 
 def fit_units(a: UnitVectors, b: UnitVectors) -> torch.Tensor:
     """The semi-permutation T (n_A x n_B) that best lifts B's units onto A's (rows: A's
-    units, columns: B's): each A unit copies the B unit with the nearest incoming weights
-    (every B unit at least once); the copies' shares fit A's outgoing weights, after the
+    units, columns: B's): the copies minimise the total squared distance of incoming
+    weights with every B unit copied at least once (:mod:`.assign`, exact); the shares fit A's outgoing weights, after the
     per-copy scaling that the scaled incoming weights show (a gated unit's up path) is
     taken out."""
     assert a.inc is not None and b.inc is not None
     na, nb = a.inc.shape[0], b.inc.shape[0]
-    cost = torch.cdist(a.inc, b.inc) ** 2
-    rows, cols = linear_sum_assignment(cost.numpy())
-    owner = torch.empty(na, dtype=torch.long)
-    owner[torch.as_tensor(rows)] = torch.as_tensor(cols)
-    rest = torch.ones(na, dtype=torch.bool)
-    rest[torch.as_tensor(rows)] = False
-    if rest.any():
-        owner[rest] = cost[rest].argmin(1)
+    owner = semiperm_assignment(torch.cdist(a.inc, b.inc) ** 2, "exact").owner
     # what each of A's units writes back, and each of B's, for the shares
     if a.out is not None and b.out is not None:
         a_out, b_out = a.out, b.out
