@@ -47,10 +47,10 @@ def run(cost: Any, lp_max: int) -> dict[str, Any]:
 
 def trained_costs() -> list[tuple[str, Any]]:
     """Unit costs of the fitted lift on the cached width-benchmark GPTs (none if not cached)."""
-    import torch
-
     import bench_width
+    import torch
     import trained
+
     from symspec.binding import bind
     from symspec.spec import load_spec
     from symspec.transforms.canonical import canonicalize_state_dict
