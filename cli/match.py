@@ -202,8 +202,9 @@ def _align(la: Any, lb: Any, spec: Any, method: str | None, data_arg: str | None
             validation = load_data(data_arg, model=la.model, module=hooks_module(la, factory), split="val",
                                    model_dir=la.source)
     progress.phase("binding and canonicalising")
+    keep = kw.pop("keep_canonical_b", False)
     return align(la.model, lb.model, spec, method=m, data=data, validation=validation, progress=progress,
-                 keep_canonical_b=False, options=options, **kw)
+                 keep_canonical_b=keep, options=options, **kw)
 
 
 def _summary(command: str, a: str, b: str, out: Path, files: list[str], result: Any, extra: dict[str, Any]) -> dict[str, Any]:
@@ -254,6 +255,13 @@ def _print_summary(data: dict[str, Any]) -> None:
         else:
             what = f"{data['rounds']} round(s), {state}"
         console.print(f"{what}; weight distance {data['distance']['canonical']:.6g} -> {data['distance']['aligned']:.6g}")
+    cert = data.get("certificate")
+    if cert is not None:
+        if cert["available"]:
+            console.print(f"certificate: the objective's global minimum is at least {cert['lower_bound']:.6g}; "
+                          f"this result's gap {cert['gap']:.6g} ({100 * (cert['relative_gap'] or 0):.2f}% of its objective)")
+        else:
+            console.print(f"certificate: {cert['reason']}")
     lifted = (data.get("info") or {}).get("lift")
     if lifted:
         spaces = ", ".join(f"{k} {v['from']} -> {v['to']} ({v['kind']})" for k, v in list(lifted["spaces"].items())[:6])
@@ -302,11 +310,13 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.command("match")
 @click.argument("model_a", metavar="A")
 @click.argument("model_b", metavar="B")
+@click.option("--certify", is_flag=True, help="Also bound the objective's global minimum over the searched groups and "
+                                                "report the result's gap (match.json: certificate; needs norm-preserving groups).")
 @_common_options
 @handle_errors
-def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, method: str | None, data_arg: str | None,
-              groups: str | None, rounds: int, tol: float, device: str, factory: str | None, force: bool,
-              as_json: bool, **learn: Any) -> None:
+def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, out: Path, method: str | None,
+              data_arg: str | None, groups: str | None, rounds: int, tol: float, device: str, factory: str | None,
+              force: bool, as_json: bool, **learn: Any) -> None:
     """Align model B to model A under a spec, with any registered method (default: weight
     matching, data-free; learned matching: --method learned --data SOURCE, with --steps,
     --lr, --lambda, ...).
@@ -324,11 +334,15 @@ def match_cmd(model_a: str, model_b: str, spec_arg: str | None, out: Path, metho
     with _Progress(True) as progress:
         la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
         result = _align(la, lb, spec, method, data_arg, factory, progress, learn, groups=groups, rounds=rounds,
-                        tol=tol, device=dev)
+                        tol=tol, device=dev, keep_canonical_b=certify)
+        extra: dict[str, Any] = {"groups": result.record.meta["groups"]}
+        if certify:
+            progress.phase("certifying")
+            extra["certificate"] = result.certify().to_dict()
         progress.phase("writing")
         files: list[str] = []
         lifted = result.info.get("lift")
-        data = _summary("match", model_a, model_b, out, files, result, {"groups": result.record.meta["groups"]})
+        data = _summary("match", model_a, model_b, out, files, result, extra)
         # a B lifted to A's widths is written in A's format and config
         publish(out, force, _filler(la if lifted else lb, result.aligned_b, result, "match", data, files, (model_a, model_b)))
     if as_json:

@@ -107,6 +107,22 @@ class AlignResult:
         assert other is not None
         return weight_distance(self.bound, self.canonical_a, other)
 
+    def certify(self) -> Any:
+        """A lower bound on the objective's global minimum over the searched groups, and
+        this result's gap to it (:func:`symspec.solvers.certify.certify`; not available
+        when a searched group is not norm-preserving). Needs canonical B
+        (``align(keep_canonical_b=True)``, the default)."""
+        from ..groups import parse
+        from ..solvers.certify import certify
+
+        if self.canonical_b is None:
+            raise SymspecInputError("a certificate needs canonical B: align(keep_canonical_b=True)")
+        problem = self.bound.problem
+        spaces = {n: attrs.evolve(si, group=parse(self.searched[n])) if n in self.searched else si
+                  for n, si in problem.spaces.items()}
+        searched = attrs.evolve(problem, spaces=spaces)
+        return certify(problem, self.canonical_a, self.canonical_b, self.aligned_b, searched)
+
     def interpolate(self, alpha: float, *, align: bool = True) -> dict[str, torch.Tensor]:
         """``(1 - alpha) A + alpha B`` (aligned B unless ``align=False``), canonical form."""
         other = self.aligned_b if align else self.canonical_b
