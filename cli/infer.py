@@ -71,6 +71,7 @@ def _summary(result, out: str | None) -> None:  # type: ignore[no-untyped-def]
     from rich.markup import escape
 
     console = stderr_console()
+    console.soft_wrap = True  # long names and paths wrap at the terminal, never inside a word
     console.print(f"[bold]symspec infer[/]: {result.draft.model_class} -> spec '{result.draft.name}'")
     for s in result.spaces:
         console.print(f"  [cyan]{escape(s.name)}[/]: {escape(s.group)}")
