@@ -373,3 +373,23 @@ def test_the_guides_infer_output_is_what_the_command_prints(tmp_path: Path) -> N
         return "".join(text.split())
 
     assert norm(err) == norm(block("infer").replace("wrote phi.yaml", f"wrote {tmp_path / 'phi.yaml'}"))
+
+
+def test_a_model_that_cannot_run_in_float64_is_checked_in_float32() -> None:
+    """A float32-only kernel (Mixtral's grouped matmul has none in float64): the draft is
+    checked in float32 alone, and the notes say so."""
+
+    class Float32Only(Tiny):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            if self.head.weight.dtype == torch.float64:
+                raise RuntimeError("Expected a Float32 matrix, got Double")
+            return super().forward(ids)
+
+    torch.manual_seed(0)
+    model = Float32Only().eval()
+    symspec.testing.randomize_(model, 0)
+    ids = torch.randint(11, (2, 6), generator=torch.Generator().manual_seed(0))
+    result = infer(model, ids)
+    assert result.passed and _groups(result)["resid"] == "OC(d)"
+    assert {r.dtype for r in result.check.rows} == {"float32"}
+    assert any("cannot run in float64" in n for n in result.notes)
