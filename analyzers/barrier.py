@@ -264,17 +264,9 @@ def _widths_differ(spec: Any, model_a: torch.nn.Module, model_b: torch.nn.Module
     difference or a narrower A is refused here, in one line."""
     if spec is None:
         return False
-    from symspec.errors import SymspecInputError
-    from symspec.spec import Spec, load_spec
-    from symspec.width import LiftError, width_changes
+    from symspec.width import lift_needed
 
-    try:
-        plain = spec if isinstance(spec, Spec) else getattr(spec, "spec", None) or load_spec(spec)
-        return bool(width_changes(plain, model_a, model_b))
-    except LiftError:
-        raise
-    except SymspecInputError:
-        return False  # not one spec: the usual checks say why
+    return bool(lift_needed(spec, model_a, model_b))
 
 
 def measure(pairs: Sequence[tuple[torch.nn.Module, torch.nn.Module]], data: EvalData, *,

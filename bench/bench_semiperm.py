@@ -53,9 +53,8 @@ def trained_costs() -> list[tuple[str, Any]]:
 
     from symspec.binding import bind
     from symspec.spec import load_spec
-    from symspec.transforms.canonical import canonicalize_state_dict
     from symspec.width.fit import _lift_all_but, _unit_vectors
-    from symspec.width.lifting import lift
+    from symspec.width.lifting import canonical_f64, lift
 
     out = []
     spec = load_spec("nanogpt")
@@ -64,12 +63,14 @@ def trained_costs() -> list[tuple[str, Any]]:
         return []
     wide = trained.trained_models("gpt", [0], data, log=lambda *a: None)[0][0]
     ba = bind(spec, wide)
-    canon_a = canonicalize_state_dict(ba, {k: v.detach().double() for k, v in wide.state_dict().items()})
+    canon_a = canonical_f64(ba, wide)
     for ratio in (0.125, 0.25, 0.5):
         narrow = trained.trained_models("gpt", [100], data, recipe=bench_width.recipe(ratio), log=lambda *a: None)[0][0]
         lifted = lift(narrow, wide, spec, seed=0, dtype=torch.float64)
+        bb = bind(spec, narrow)
+        canon_b = canonical_f64(bb, narrow)
         for name in ("ff[0]", "ff[1]"):
-            bv = _unit_vectors(bind(spec, narrow).problem, _lift_all_but(narrow, spec, lifted, name), name)
+            bv = _unit_vectors(bb.problem, _lift_all_but(bb.problem, canon_b, lifted, name), name)
             av = _unit_vectors(ba.problem, canon_a, name)
             out.append((f"gpt d64 vs d{round(64 * ratio)} {name}", torch.cdist(av.inc, bv.inc) ** 2))
     return out

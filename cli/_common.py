@@ -153,14 +153,14 @@ def config_warning(a: Any, b: Any, names: tuple[str, str], mixing: str) -> str |
     diff = config_differences(a, b)
     if not diff:
         return None
-    try:  # different widths under one spec: B is lifted into A's shape first, nothing mixes
-        from symspec.width import width_changes
+    from symspec.errors import SymspecInputError
+    from symspec.width import lift_needed
 
-        spec = resolve_spec(None, a.model, a.spec_hint())
-        if width_changes(spec, a.model, b.model):
+    try:  # different widths under one spec: B is lifted into A's shape first, nothing mixes
+        if lift_needed(resolve_spec(None, a.model, a.spec_hint()), a.model, b.model):
             return None
-    except Exception:
-        pass
+    except SymspecInputError:
+        pass  # no spec, or widths that cannot be lifted: the command says so itself
     fields = "; ".join(f"{k}: {va!r} vs {vb!r}" for k, (va, vb) in diff.items())
     return (f"warning: {names[0]} and {names[1]} have different configs ({fields}): same weight shapes, "
             f"but not the same function; their {mixing} mixes two models")

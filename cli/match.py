@@ -141,16 +141,10 @@ def _load_pair(a: str, b: str, factory: str | None, spec_arg: str | None, progre
     spec = resolve_spec(spec_arg, la.model, la.spec_hint())
     if type(la.model) is not type(lb.model):
         raise _input_error(f"A is a {type(la.model).__name__} but B is a {type(lb.model).__name__}: they do not fit one spec")
-    from symspec.errors import SymspecInputError
-    from symspec.width import LiftError, width_changes
+    from symspec.width import lift_needed
 
     # different widths are lifted by align(); a depth difference or a narrower A is bad input, said now
-    try:
-        width_changes(spec, la.model, lb.model)
-    except LiftError:
-        raise
-    except SymspecInputError:
-        pass  # models that do not fit the spec: align() says how
+    lift_needed(spec, la.model, lb.model)
     return la, lb, spec
 
 

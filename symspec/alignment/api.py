@@ -318,18 +318,12 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
 def _lift_if_narrower(model_a: torch.nn.Module, model_b: torch.nn.Module, spec: Spec | BoundSpec | str | Path,
                       how: str, seed: int) -> tuple[torch.nn.Module, dict[str, Any] | None]:
     """B as it is when it has A's widths, else B lifted into A's shape (and what was lifted)."""
-    from ..width import LiftError, fitted_lift, width_changes
+    from ..width import fitted_lift, lift_needed
     from ..width import lift as random_lift
 
     spec_obj = _resolve_spec(spec)
     plain = spec_obj.spec if isinstance(spec_obj, BoundSpec) else spec_obj
-    try:
-        changes = width_changes(plain, model_a, model_b)
-    except LiftError:
-        raise
-    except SymspecInputError:
-        return model_b, None  # not one spec: the usual check says why
-    if not changes:
+    if not lift_needed(plain, model_a, model_b):
         return model_b, None
     if how not in ("fitted", "random"):
         raise SymspecInputError(f"lift={how!r}: use 'fitted' or 'random'")

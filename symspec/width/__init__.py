@@ -3,6 +3,6 @@
 of width-heterogeneous alignment: :func:`symspec.align` lifts B when it is narrower."""
 
 from .fit import fitted_lift
-from .lifting import LiftError, LiftResult, SpaceLift, check_lift, lift, width_changes
+from .lifting import LiftError, LiftResult, SpaceLift, check_lift, lift, lift_needed, width_changes
 
-__all__ = ["LiftError", "LiftResult", "SpaceLift", "check_lift", "fitted_lift", "lift", "width_changes"]
+__all__ = ["LiftError", "LiftResult", "SpaceLift", "check_lift", "fitted_lift", "lift", "lift_needed", "width_changes"]

@@ -31,9 +31,8 @@ from ..binding import bind
 from ..groups import OC, SP, O, S
 from ..groups.classic import GL
 from ..spec.model import Spec
-from ..transforms.canonical import canonicalize_state_dict
 from .assign import semiperm_assignment
-from .lifting import LiftResult, SpaceLift, _action, lift, lift_tensor
+from .lifting import LiftResult, SpaceLift, _action, canonical_f64, lift, lift_tensor
 
 
 def project_simplex(t: torch.Tensor) -> torch.Tensor:
@@ -123,15 +122,12 @@ def _head_circuits(problem: Any, sd: Mapping[str, torch.Tensor], space: str, hea
         if len(b.shape) != 2:
             continue
         for ab in b.axes:
-            other = 1 - ab.axis
             for seg in ab.segments:
                 if len(seg.factors) != 1 or seg.factors[0].space != space:
                     continue
                 f = seg.factors[0]
                 part = f.path[0] if f.path and f.path[0] != "kv" else ""
                 kv = bool(f.path) and f.path[-1] == "kv"
-                if not any(o.axis == other for o in b.axes) and b.shape[other] <= 1:
-                    continue
                 rows = take_segment(sd[name].double().movedim(ab.axis, 0), seg, ab.layout)
                 side = {("qk", "co"): "q", ("qk", "contra"): "k", ("ov", "co"): "v", ("ov", "contra"): "o"}.get((part, f.variance))
                 if side is not None:
@@ -162,8 +158,8 @@ def fitted_lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, s
     from ..alignment import align
 
     say = progress or (lambda msg: None)
-    ba = bind(spec, wide)
-    canon_a = canonicalize_state_dict(ba, {k: v.detach().double() for k, v in wide.state_dict().items()})
+    ba, bb = bind(spec, wide), bind(spec, narrow)
+    canon_a, canon_b = canonical_f64(ba, wide), canonical_f64(bb, narrow)
     current = lift(narrow, wide, spec, seed=seed, dtype=torch.float64)
     fixed: dict[str, dict[str, Any]] = {}
     for r in range(rounds):
@@ -181,29 +177,27 @@ def fitted_lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, s
         partial = lift(narrow, wide, spec, seed=seed, fixed=fixed, dtype=torch.float64)
         for name, sl in partial.lifts.items():
             if sl.kind == "heads" and sl.detail["kv"].shape[0] != sl.detail["kv"].shape[1]:
-                narrow_sd = _lift_all_but(narrow, spec, partial, name)
-                hb = _head_circuits(bind(spec, narrow).problem, narrow_sd, name, bind(spec, narrow).problem.spaces[name].group)
+                narrow_sd = _lift_all_but(bb.problem, canon_b, partial, name)
+                hb = _head_circuits(bb.problem, narrow_sd, name, bb.problem.spaces[name].group)
                 ha = _head_circuits(ba.problem, canon_a, name, ba.problem.spaces[name].group)
                 if ha is not None and hb is not None:
                     fixed.setdefault(name, {})["kv_semiperm"] = fit_heads(ha, hb)
                 continue
             if sl.kind != "semiperm" or not isinstance(ba.problem.spaces[name].group, (S, SP)):
                 continue
-            narrow_sd = _lift_all_but(narrow, spec, partial, name)
-            bv = _unit_vectors(bind(spec, narrow).problem, narrow_sd, name)
+            narrow_sd = _lift_all_but(bb.problem, canon_b, partial, name)
+            bv = _unit_vectors(bb.problem, narrow_sd, name)
             av = _unit_vectors(ba.problem, canon_a, name)
             if av.inc is None or bv.inc is None:
                 continue  # nothing to fit the copies on: they stay as drawn
             fixed.setdefault(name, {})["semiperm"] = fit_units(av, bv)
         current = lift(narrow, wide, spec, seed=seed, fixed=fixed, dtype=torch.float64)
-    out = lift(narrow, wide, spec, seed=seed, fixed=fixed, inputs=inputs)
-    return out
+    return lift(narrow, wide, spec, seed=seed, fixed=fixed, inputs=inputs)
 
 
-def _lift_all_but(narrow: torch.nn.Module, spec: Spec, lifted: LiftResult, keep: str) -> dict[str, torch.Tensor]:
+def _lift_all_but(problem_b: Any, canonical_b: Mapping[str, torch.Tensor], lifted: LiftResult,
+                  keep: str) -> dict[str, torch.Tensor]:
     """B's canonical weights with every space lifted by ``lifted``'s maps except ``keep``
     (left at B's width): B's units of that space, written in A's frame."""
-    bb = bind(spec, narrow)
-    sd = canonicalize_state_dict(bb, {k: v.detach().double() for k, v in narrow.state_dict().items()})
     actions = {n: _action(sl if n != keep else SpaceLift(n, "identity", sl.narrow, sl.narrow)) for n, sl in lifted.lifts.items()}
-    return {k: lift_tensor(b, b, sd[k], actions) for k, b in bb.problem.params.items() if k in sd}
+    return {k: lift_tensor(b, b, canonical_b[k], actions) for k, b in problem_b.params.items() if k in canonical_b}

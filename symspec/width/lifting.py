@@ -189,6 +189,11 @@ def _action(lift: SpaceLift) -> Action:
     return act
 
 
+def canonical_f64(bound: BoundSpec, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s weights in canonical form, in float64 (what lifting and fitting read)."""
+    return canonicalize_state_dict(bound, {k: v.detach().double() for k, v in model.state_dict().items()})
+
+
 def lift_tensor(binding_b: ParamBinding, binding_a: ParamBinding, x: torch.Tensor, actions: Mapping[str, Action]) -> torch.Tensor:
     """One of B's parameters in A's shape: each bound axis mapped segment by segment."""
     axes_a = {ab.axis: ab for ab in binding_a.axes}
@@ -240,7 +245,7 @@ def lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, seed: in
         else:
             lifts[name] = plain_lift(name, gb, ga, gen, **kw)
     actions = {name: _action(sl) for name, sl in lifts.items()}
-    sd_b = canonicalize_state_dict(bb, {k: v.detach().to(torch.float64) for k, v in narrow.state_dict().items()})
+    sd_b = canonical_f64(bb, narrow)
     out = copy.deepcopy(wide).to(torch.float64)
     canonicalize_structure(ba, out)
     target = out.state_dict()
@@ -299,6 +304,22 @@ def width_changes(spec: Spec, wide: torch.nn.Module, narrow: torch.nn.Module) ->
     return out
 
 
+def lift_needed(spec: Any, wide: torch.nn.Module, narrow: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """:func:`width_changes` for a caller about to align the two models: ``spec`` a Spec, a
+    BoundSpec, a built-in name or a path; models that do not fit the spec at all give {}
+    (the usual check that follows says how), while a depth difference or a narrower
+    ``wide`` is still a :class:`LiftError`."""
+    from ..spec import load_spec
+
+    try:
+        plain = spec if isinstance(spec, Spec) else spec.spec if isinstance(spec, BoundSpec) else load_spec(spec)
+        return width_changes(plain, wide, narrow)
+    except LiftError:
+        raise
+    except SymspecInputError:
+        return {}
+
+
 def check_lift(narrow: torch.nn.Module, lifted: torch.nn.Module, inputs: Any, dtype: torch.dtype = torch.float64) -> float:
     """Max relative difference of the two models' outputs on ``inputs`` in ``dtype``."""
     from ..checker import _cast_inputs, call_forward, compare, copy_as, flatten_outputs
@@ -312,6 +333,6 @@ def check_lift(narrow: torch.nn.Module, lifted: torch.nn.Module, inputs: Any, dt
     return compare(ya, yb)[1]
 
 
-__all__ = ["LiftError", "LiftResult", "SpaceLift", "check_lift", "heads_lift", "lift", "lift_tensor", "plain_lift", "stiefel",
-           "width_changes"]
+__all__ = ["LiftError", "LiftResult", "SpaceLift", "check_lift", "heads_lift", "lift", "lift_needed", "lift_tensor",
+           "plain_lift", "stiefel", "width_changes"]
 
