@@ -88,9 +88,7 @@ def read_model(model: torch.nn.Module, example_inputs: Any) -> Facts:
     if not mg.traced:
         raise InferError(f"{type(model).__name__}: torch.export could not trace the model ({mg.reason}); "
                          "inference reads the exported graph, so there is nothing to infer from")
-    facts = read_graph(mg.gm, model)
-    facts.graph = mg.graph  # type: ignore[attr-defined]
-    return facts
+    return read_graph(mg.gm, model)
 
 
 def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = None, verify: bool = True,

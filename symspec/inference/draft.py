@@ -75,8 +75,6 @@ class Space:
 
     @property
     def alive(self) -> bool:
-        if self.kind == "heads":
-            return self.group != "Id"
         return self.group != "Id"
 
     def key(self) -> str:
@@ -437,7 +435,7 @@ class _Builder:
         """Node -> the layers that read it (through ops that only copy or reshape)."""
         from .walk import TRANSPARENT
 
-        graph_nodes = {n.name: n for n in self._graph().nodes}
+        graph_nodes = self.f.nodes
         out: dict[str, list[tuple[str, int]]] = {}
         by_input: dict[str, list[Any]] = {}
         for lin in self.f.linears:
@@ -457,12 +455,8 @@ class _Builder:
             out[name] = got
         return out
 
-    def _graph(self) -> Any:
-        return self.f.graph  # type: ignore[attr-defined]
-
     def _depends_on(self, node: str, target: str) -> bool:
-        graph_nodes = {n.name: n for n in self._graph().nodes}
-        todo, seen = [graph_nodes[node]], set()
+        todo, seen = [self.f.nodes[node]], set()
         while todo:
             n = todo.pop()
             if n.name == target:
@@ -577,7 +571,7 @@ class _Builder:
         from .walk import ACTIVATIONS, ODD, PERMUTE, RESHAPE, TRANSPARENT, _opname
 
         roots = {r for r, (b, _) in self.class_space.items() if b == "resid"}
-        nodes = [n for n in self._graph().nodes if n.name in self.f.node_atom and self.ax.find(self.f.node_atom[n.name]) in roots]
+        nodes = [n for n in self.f.nodes.values() if n.name in self.f.node_atom and self.ax.find(self.f.node_atom[n.name]) in roots]
         names = {n.name for n in nodes}
         parent = {n: n for n in names}
 

@@ -27,7 +27,7 @@ def _q(s: str) -> str:
 def _qf(s: str) -> str:
     """An item of a flow sequence ``[a, b]``: quoted when it holds a flow indicator."""
     if re.search(r"[,\[\]{}#:]", s) or s[0] in "&*!|>'\"%@`?-":
-        return _quote(s) if "'" not in s else json.dumps(s)
+        return _quote(s)
     return s
 
 

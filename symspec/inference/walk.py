@@ -114,7 +114,8 @@ class Facts:
     #: node name -> module path
     modules: dict[str, str]
     method: str = "export"
-    graph: Any = None
+    #: node name -> the traced node (in graph order)
+    nodes: dict[str, fx.Node] = attrs.field(factory=dict)
     #: (parameter, axis) -> (role, the activation node it writes or reads, a gain's input node)
     sites: dict[tuple[str, int], set[tuple[str, str, str]]] = attrs.field(factory=dict)
     #: node -> the atom of its last dim (where it is one atom)
@@ -620,10 +621,10 @@ class _Reader:
                 other = a if tensors[0] is b else b
                 if other != 0 and tensors[0].name not in self.gainlike and tensors[0].name not in self.src:  # x + c: moves the all-ones direction
                     self.ax.tag([x for d in self.lay[n.name][-1:] for x in d], "shift")
-            for x in feats:  # biases and position tables added to features
-                for j in range(len(_shape(x) or ())):
-                    if x.name in self.src:
-                        self.role(x, j - len(_shape(x)), "co", n)
+            for x in feats:  # biases and position tables added to features (role() skips activations)
+                shape_x = _shape(x) or ()
+                for j in range(len(shape_x)):
+                    self.role(x, j - len(shape_x), "co", n)
             return None
         if len(feats) == 1:  # a feature tensor plus a table that is not one (a mask, a fixed position table)
             f = feats[0]
@@ -949,6 +950,7 @@ def read_graph(ep: Any, model: torch.nn.Module) -> Facts:
     """The facts of an exported program (see the module)."""
     r = _Reader(ep, model)
     facts = r.run()
+    facts.nodes = {n.name: n for n in ep.graph.nodes}
     _manual_norms(r, facts)
     _consumers(r, facts)
     return facts
@@ -977,9 +979,7 @@ def _manual_norms(r: _Reader, facts: Facts) -> None:
 
 
 def _node(r: _Reader, name: str) -> fx.Node:
-    if not hasattr(r, "_by_name"):
-        r._by_name = {n.name: n for n in r.ep.graph.nodes}  # type: ignore[attr-defined]
-    return r._by_name[name]  # type: ignore[attr-defined]
+    return r.facts.nodes[name]
 
 
 def _keeps_last(u: fx.Node) -> bool:
