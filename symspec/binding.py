@@ -20,7 +20,16 @@ import torch
 from .canonical import STEPS, BindContext, CanonOp
 from .errors import BindError, Diagnostic, GroupError, Location, suggest
 from .groups import Group
-from .problem import AxisBinding, Factor, HeadMajor, ParamBinding, Problem, Segment, SpaceInstance
+from .problem import (
+    AxisBinding,
+    AxisView,
+    Factor,
+    HeadMajor,
+    ParamBinding,
+    Problem,
+    Segment,
+    SpaceInstance,
+)
 from .spec.exprs import DimContext, ExprError, evaluate_dims, parse_expr
 from .spec.model import AxisExpr, Chain, ParamDecl, SpaceDecl, Spec
 from .spec.templates import example_name, fill, matches, template_regex
@@ -317,8 +326,16 @@ class _ParamBinder:
     dims: Mapping[str, int]
 
     def bind(self) -> ParamBinding | None:
-        shape = self.binding.model.shapes[self.name]
+        stored = self.binding.model.shapes[self.name]
         axes = self.decl.axes or ()
+        view = None
+        if self.decl.view is not None:
+            try:
+                view = AxisView(tuple(stored), self.decl.view)
+            except ValueError as e:
+                self.binding.report(self.decl.loc, f"{self.name} (shape {list(stored)}): {e}")
+                return None
+        shape = view.shape if view is not None else stored
         if len(axes) != len(shape):
             self.binding.report(self.decl.loc, f"{self.name} has {len(shape)} axes (shape {list(shape)}), the spec gives {len(axes)}")
             return None
@@ -337,7 +354,7 @@ class _ParamBinder:
             ok = binding is not None
             if binding is not None:
                 bindings.append(binding)
-        return ParamBinding(self.name, tuple(shape), tuple(bindings), self.decl.loc) if ok else None
+        return ParamBinding(self.name, tuple(shape), tuple(bindings), self.decl.loc, view) if ok else None
 
     def segments(self, expr: AxisExpr, loc: Location) -> tuple[list[Segment], list[int], bool]:
         """The segments of one axis (one per part of a ``cat``), their sizes, and whether
@@ -445,7 +462,7 @@ def _transform_signature(pb: ParamBinding | None, spaces: Mapping[str, SpaceInst
                 fs.append((f.space, f.path, v))
             segs.append((s.start, s.size, tuple(fs)))
         out.append((a.axis, tuple(segs), a.layout))
-    return tuple(out)
+    return (pb.view, tuple(out))
 
 
 def _misfit_headline(spec: Spec, cls_name: str, matched: int, problems: int, tensors: Mapping[str, Any]) -> str:

@@ -153,14 +153,84 @@ class AxisBinding:
 
 
 @attrs.frozen
+class AxisView:
+    """How a stored tensor is seen by its axis bindings: stored axes reordered and merged,
+    ``view: [[0, 1], 2]`` (a mixture-of-experts weight [E, f, d] seen as [E*f, d]).
+    ``merge[i]`` lists the stored axes of viewed axis i, outermost first (row-major: the
+    viewed index is ``e * f + u``). Every stored axis appears once.
+
+    >>> v = AxisView((4, 16, 24), ((1,), (0, 2)))   # down_proj [E, d, f] seen as [d, E*f]
+    >>> v.shape
+    (16, 96)
+    >>> x = torch.randn(4, 16, 24)
+    >>> bool((v.to_stored(v.to_view(x)) == x).all())
+    True
+    """
+
+    stored: tuple[int, ...]
+    merge: tuple[tuple[int, ...], ...]
+
+    def __attrs_post_init__(self) -> None:
+        flat = [a for m in self.merge for a in m]
+        if sorted(flat) != list(range(len(self.stored))) or any(not m for m in self.merge):
+            raise ValueError(f"a view must name every stored axis once (0..{len(self.stored) - 1}), got {[list(m) for m in self.merge]}")
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return tuple(a for m in self.merge for a in m)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        out = []
+        for m in self.merge:
+            n = 1
+            for a in m:
+                n *= self.stored[a]
+            out.append(n)
+        return tuple(out)
+
+    def to_view(self, x: torch.Tensor) -> torch.Tensor:
+        """A stored tensor as its axis bindings see it (a copy when axes move)."""
+        return x.permute(self.order).reshape(self.shape)
+
+    def to_stored(self, y: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`to_view`."""
+        order = self.order
+        y = y.reshape(tuple(self.stored[a] for a in order))
+        inverse = [0] * len(order)
+        for i, a in enumerate(order):
+            inverse[a] = i
+        return y.permute(inverse).contiguous()
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(str(m[0]) if len(m) == 1 else "[" + ", ".join(map(str, m)) + "]" for m in self.merge) + "]"
+
+
+@attrs.frozen
 class ParamBinding:
+    """A parameter's bound axes. ``shape`` is the shape the axes see: the stored shape,
+    or with a ``view`` (:class:`AxisView`) the viewed one; :meth:`viewed` and
+    :meth:`stored` move a tensor between the two. State dicts hold stored tensors; code
+    that moves a tensor's bound axes reads it through :meth:`viewed`."""
+
     name: str
     shape: tuple[int, ...]
     axes: tuple[AxisBinding, ...]
     loc: Location = attrs.field(default=_NOLOC, eq=False, repr=False)
+    view: AxisView | None = None
 
     def spaces(self) -> set[str]:
         return {f.space for a in self.axes for s in a.segments for f in s.factors}
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        return self.shape if self.view is None else self.view.stored
+
+    def viewed(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.view is None else self.view.to_view(x)
+
+    def stored(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.view is None else self.view.to_stored(y)
 
 
 @attrs.frozen

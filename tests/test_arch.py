@@ -62,6 +62,7 @@ NEGATIVE = {
     "vit": ([("resid: OC(d)", "resid: O(d)")], {"resid"}),
     "gemma": ([("qk=RoPE(dh)", "qk=GL(dh)")], {"attn[*]"}),
     "gpt_neox": ([("group: OC(d)", "group: O(d)")], {"resid"}),
+    "mixtral": ([("Experts(E, S(f))", "Experts(E, O(f))")], {"moe[*]"}),  # silu does not commute with rotations
 }
 
 

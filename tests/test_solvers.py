@@ -329,7 +329,7 @@ def test_a_sign_and_a_permutation_are_solved_jointly() -> None:
     ("full", "perm"),
     [("S(4)", "S(4)"), ("SP(4)", "S(4)"), ("O(4)", "S(4)"), ("OC(4)", "S(4)"), ("GL(4)", "S(4)"), ("D(4)", "Id(4)"),
      ("Dpos(4)", "Id(4)"), ("RoPE(4)", "Id(4)"), pytest.param("Sign(4)", "Id(4)", marks=needs_sign),
-     ("Heads(4, qk=GL(2), ov=GL(2), kv=2)", "Heads(4, qk=Id(2), ov=Id(2), kv=2)")],
+     ("Heads(4, qk=GL(2), ov=GL(2), kv=2)", "Heads(4, qk=Id(2), ov=Id(2), kv=2)"), ("Experts(3, SP(2))", "Experts(3, S(2))")],
 )
 def test_permutation_subgroups_embed_back(full: str, perm: str) -> None:
     g = parse(full)
@@ -341,12 +341,12 @@ def test_permutation_subgroups_embed_back(full: str, perm: str) -> None:
     assert g.contains(lifted)
     for path in g.rep_paths():
         assert torch.allclose(g.matrix(lifted, path), sub.matrix(e, path).to(torch.float64))
-    assert str(restrict_group(g, "fixed")).startswith(("Id", "Heads"))
+    assert str(restrict_group(g, "fixed")).startswith(("Id", "Heads", "Experts"))
     assert restrict_group(g, "full") == g
 
 
 def test_every_group_kind_has_a_solver_and_a_permutation_subgroup() -> None:
-    texts = ["S(4)", "SP(4)", "Id(4)", "O(4)", "OC(4)", "GL(4)", "D(4)", "Dpos(4)", "RoPE(4)", "Heads(2, GL(2))"]
+    texts = ["S(4)", "SP(4)", "Id(4)", "O(4)", "OC(4)", "GL(4)", "D(4)", "Dpos(4)", "RoPE(4)", "Heads(2, GL(2))", "Experts(2, S(3))"]
     groups = [parse(t) for t in texts] + ([Sign(4)] if Sign is not None else [])
     assert set(REGISTRY) <= set(SOLVERS)
     assert set(REGISTRY) <= {g.kind for g in groups}

@@ -130,6 +130,22 @@ def qwen2(seed: int = 0, n_layer: int = 2, n_head: int = 4, n_kv: int = 2, head_
     return model, {**_tokens(model, 2, 8, seed, pad=True), "use_cache": False}
 
 
+@entry("mixtral")
+def mixtral(seed: int = 0, n_layer: int = 2, n_head: int = 4, n_kv: int = 2, head_dim: int = 4, n_ff: int = 6, vocab: int = 23,
+            experts: int = 4, top_k: int = 2, tie: bool = False, experts_implementation: str = "batched_mm",
+            **kw: Any) -> tuple[torch.nn.Module, Any]:
+    """A sparse mixture of experts. The experts run as batched matmuls: the default grouped
+    matmul has no float64 kernel, and the eager loop over experts cannot be traced (its
+    control flow depends on the routing), which activation matching needs."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = _llama_config(transformers.MixtralConfig, seed, n_layer, n_head, n_kv, head_dim, n_ff, vocab, tie_word_embeddings=tie,
+                        num_local_experts=experts, num_experts_per_tok=top_k, experts_implementation=experts_implementation, **kw)
+    model = _hf(transformers.MixtralForCausalLM(cfg), seed)
+    return model, {**_tokens(model, 2, 8, seed, pad=True), "use_cache": False}
+
+
 @entry("opt")
 def opt(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_ff: int = 12, vocab: int = 23, **kw: Any) -> tuple[torch.nn.Module, Any]:
     import transformers

@@ -152,10 +152,35 @@ class ActivationMatching:
                             options=opts.solver)
         seen = {s for site in moments.sites.values() for s in site.spaces()}
         info = {"statistics": moments.describe(), "normalize": opts.normalize,
-                "spaces_without_sites": sorted(set(problem.spaces) - seen)}
+                "spaces_without_sites": sorted(set(problem.spaces) - seen),
+                "parts_without_sites": _parts_without_sites(problem, moments.sites.values())}
         if self.combine:
             info["mix"] = opts.mix
         return Alignment(res.elements, res.history, res.timings, res.converged, None, info)
+
+
+def _parts_without_sites(problem: Problem, sites: Any) -> list[str]:
+    """Parts of head and expert groups that no site shows although their space has one
+    (a mixture of experts: the router's logits show the expert permutation, nothing shows
+    each expert's units, whose elements then stay where they started)."""
+    from ..groups import Experts, Heads
+
+    paths: dict[str, set[tuple[str, ...]]] = {}
+    for site in sites:
+        for seg in site.axis.segments:
+            for f in seg.factors:
+                paths.setdefault(f.space, set()).add(f.path)
+    out = []
+    for space, seen in sorted(paths.items()):
+        group = problem.spaces[space].group
+        if not isinstance(group, Heads):
+            continue
+        for name, _ in group.parts:
+            shown = any(p[:1] == (name,) for p in seen) if name else any(not p or p == ("kv",) for p in seen)
+            if not shown:
+                label = name or ("each expert's units" if isinstance(group, Experts) else "the within-head maps")
+                out.append(f"{space}: {label}")
+    return out
 
 
 def _embeddings(module: torch.nn.Module | None, problem: Problem) -> dict[str, int]:

@@ -21,6 +21,7 @@ from .base import (
     registry_summary,
 )
 from .classic import GL, OC, SP, D, DiagonalGroup, Dpos, Id, O, RoPE, S, centred_basis
+from .experts import Experts
 from .heads import Heads
 from .semiperm import SemiPermutation
 from .text import parse
@@ -36,6 +37,7 @@ __all__ = [
     "DiagonalGroup",
     "Dpos",
     "Element",
+    "Experts",
     "Group",
     "Heads",
     "Id",

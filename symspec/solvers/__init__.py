@@ -6,7 +6,7 @@ registered in :data:`SOLVERS`. The engine: :mod:`.weight` (the entry point),
 :mod:`.descent`, :mod:`.execution`. See docs/matching.md.
 """
 
-from . import assignment, heads, orthogonal, smooth  # noqa: F401  (register the solvers)
+from . import assignment, experts, heads, orthogonal, smooth  # noqa: F401  (register the solvers)
 from .assignment import assign
 from .base import (
     SOLVERS,

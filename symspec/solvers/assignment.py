@@ -120,7 +120,18 @@ def solve_permuted_scaling(outer: Group, inner: Group, terms: list[Term], curren
     if not isinstance(inner, DiagonalGroup):
         raise SolverError(f"a permutation with {inner} right before it is not a permuted scaling")
     e_perm, e_diag = current
-    positive = inner.positive_only
+    score = scaled_pair_score(terms, inner)
+    if score is None:
+        perm = e_perm["perm"]
+    else:
+        with ctx.timer("assign"):
+            perm = assign(score, ctx)
+    return {"perm": perm}, scales_given(perm, terms, inner, e_diag, ctx)
+
+
+def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor | None:
+    """How well old unit j fits new unit i with its own best scale (see
+    :func:`solve_permuted_scaling`); None when no term scores the permutation."""
     score: torch.Tensor | None = None
     for t in terms:
         c = t.cross()
@@ -128,17 +139,17 @@ def solve_permuted_scaling(outer: Group, inner: Group, terms: list[Term], curren
             part = c
         elif t.role == "pair":
             g = t.gram_diag()
-            clip = positive or t.inner_variance == "abs"
+            clip = inner.positive_only or t.inner_variance == "abs"
             num = c.clamp_min(0) if clip else c
             part = torch.where(g > 0, num.square() / torch.where(g > 0, g, 1.0), 0.0)
         else:
             continue
         score = part if score is None else score + part
-    if score is None:
-        perm = e_perm["perm"]
-    else:
-        with ctx.timer("assign"):
-            perm = assign(score, ctx)
+    return score
+
+
+def scales_given(perm: torch.Tensor, terms: list[Term], inner: Group, e_diag: Element, ctx: SolveContext) -> Element:
+    """The diagonal's best element once the permutation ``perm`` (over the same units) is fixed."""
     inv = torch.argsort(perm)
     dterms: list[Term] = []
     for t in terms:
@@ -147,8 +158,7 @@ def solve_permuted_scaling(outer: Group, inner: Group, terms: list[Term], curren
             dterms.append(_diag_term(t.inner_variance or "co", c, t.gram_diag(), t.rows_sq()[inv]))
         elif t.role == "inner":
             dterms.append(_diag_term(t.variance, torch.diagonal(t.cross()), t.gram_diag(), t.rows_sq()))
-    d = solver_for(inner).solve(inner, dterms, e_diag, ctx) if dterms else e_diag
-    return {"perm": perm}, d
+    return solver_for(inner).solve(inner, dterms, e_diag, ctx) if dterms else e_diag
 
 
 @joint_solver(("Sign", "S"))

@@ -376,7 +376,7 @@ class PermutationParam(_PermutationLatent):
         return {"moved": self.learned.moved()} if self.learned is not None else {}
 
 
-@parametrization("Heads")
+@parametrization("Heads", "Experts")
 class HeadsParam(_PermutationLatent):
     """The head permutation (key/value groups) learned or frozen; each part's within-head
     elements by their own kind, batched over the key/value heads."""

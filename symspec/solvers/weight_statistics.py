@@ -122,8 +122,10 @@ class WeightStatistics:
         self.ctx = ctx
         dev, dt = ctx.device, ctx.dtype
         self.weight = _tie_weights(problem)
-        self.a = {p: sd_a[p].detach().to(device=dev, dtype=dt) for p in self.weight}
-        self.b0 = {p: sd_b[p].detach().to(device=dev, dtype=dt) for p in self.weight}
+        # bound tensors as their axes see them (a view merges stored axes); aligned()
+        # gives them back stored
+        self.a = {p: problem.params[p].viewed(sd_a[p].detach().to(device=dev, dtype=dt)) for p in self.weight}
+        self.b0 = {p: problem.params[p].viewed(sd_b[p].detach().to(device=dev, dtype=dt)) for p in self.weight}
         self.elements: dict[str, Element] = {}
         for name, si in problem.spaces.items():
             e = init.get(name) if init else None
@@ -238,7 +240,7 @@ class WeightStatistics:
         with self.ctx.timer("apply"):
             for p in self.static:
                 out[p] = transform(self.problem, p, self.b0[p], self.elements)
-        return out
+        return {p: self.problem.params[p].stored(x) for p, x in out.items()}
 
     def evaluate(self, news: Mapping[str, Element]) -> Trial | None:
         deltas: dict[str, Element] = {}

@@ -308,14 +308,21 @@ def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], groups: dict[st
             src.error(path, f"'{pattern}' captures the same name twice")
             continue
         doc = ""
+        view: tuple[tuple[int, ...], ...] | None = None
         if isinstance(value, dict):
             for k in value:
-                if k not in ("axes", "invariant", "doc"):
-                    src.error((*path, k), f"a parameter has no field '{k}'", src.suggest(str(k), ["axes", "invariant", "doc"]), at_key=True)
+                if k not in PARAM_FIELDS:
+                    src.error((*path, k), f"a parameter has no field '{k}'", src.suggest(str(k), PARAM_FIELDS), at_key=True)
             doc = str(value.get("doc", ""))
+            if "view" in value:
+                view = _view(src, (*path, "view"), value["view"])
+                if view is None:
+                    continue
             if value.get("invariant") is True:
                 if "axes" in value:
                     src.error(path, "a parameter is either invariant or has axes, not both")
+                if "view" in value:
+                    src.error((*path, "view"), "an invariant parameter has no view: a view says how bound axes see the tensor")
                 value = "invariant"
             elif "axes" in value:
                 path = (*path, "axes")
@@ -355,8 +362,39 @@ def _params(src: Source, raw: Any, spaces: dict[str, SpaceDecl], groups: dict[st
             if not unparsed:  # an axis that did not parse is reported already
                 src.error(path, "no axis is bound to a space; declare the parameter 'invariant' instead")
             continue
-        out.append(ParamDecl(pattern, tuple(axes), False, doc, src.loc(("params", pattern), at_key=True), tuple(locs)))
+        if view is not None and len(view) != len(axes):
+            src.error(path, f"the view {_view_text(view)} has {len(view)} axes, the list gives {len(axes)}: one axis expression per viewed axis")
+            continue
+        out.append(ParamDecl(pattern, tuple(axes), False, doc, src.loc(("params", pattern), at_key=True), tuple(locs), view))
     return out
+
+
+#: the fields of a parameter written as a mapping
+PARAM_FIELDS = ("axes", "invariant", "doc", "view")
+
+
+def _view(src: Source, path: KeyPath, raw: Any) -> tuple[tuple[int, ...], ...] | None:
+    """``view: [[0, 1], 2]``: the stored axes each bound axis sees, merged row-major."""
+    usage = "a view lists, per bound axis, a stored axis or a list of stored axes merged into it (e.g. [[0, 1], 2])"
+    if not isinstance(raw, list) or not raw:
+        src.error(path, usage)
+        return None
+    out = []
+    for item in raw:
+        group = item if isinstance(item, list) else [item]
+        if not group or not all(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in group):
+            src.error(path, usage + f"; got {raw!r}")
+            return None
+        out.append(tuple(group))
+    flat = sorted(a for g in out for a in g)
+    if flat != list(range(len(flat))):
+        src.error(path, f"a view names every stored axis exactly once (0 to {len(flat) - 1}), got {raw!r}")
+        return None
+    return tuple(out)
+
+
+def _view_text(view: tuple[tuple[int, ...], ...]) -> str:
+    return "[" + ", ".join(str(g[0]) if len(g) == 1 else "[" + ", ".join(map(str, g)) + "]" for g in view) + "]"
 
 
 def _check_terms(src: Source, path: KeyPath, ax: AxisExpr, caps: tuple[str, ...], spaces: dict[str, SpaceDecl],
@@ -437,6 +475,12 @@ def dump_spec(spec: Spec) -> str:
             value: Any = "invariant"
         else:
             value = ["_" if a is None else str(a) for a in (p.axes or ())]
+        if p.view is not None and not p.invariant:
+            entry: dict[str, Any] = {"view": [list(g) if len(g) > 1 else g[0] for g in p.view], "axes": value}
+            if p.doc:
+                entry["doc"] = p.doc
+            params[p.pattern] = entry
+            continue
         params[p.pattern] = ({"invariant": True, "doc": p.doc} if p.invariant else {"axes": value, "doc": p.doc}) if p.doc else value
     doc["params"] = params
     if spec.ties:

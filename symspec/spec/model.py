@@ -273,6 +273,8 @@ class ParamDecl:
     doc: str = ""
     loc: Location = _loc_field()
     axis_locs: tuple[Location, ...] = attrs.field(default=(), eq=False, repr=False)
+    #: stored axes merged into the axes ``axes`` binds (``[[0, 1], 2]``), or None
+    view: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def captures(self) -> tuple[str, ...]:

@@ -28,7 +28,13 @@ def json_schema() -> dict[str, Any]:
             axes,
             {
                 "type": "object",
-                "properties": {"axes": axes, "invariant": {"type": "boolean"}, "doc": {"type": "string"}},
+                "properties": {"axes": axes, "invariant": {"type": "boolean"}, "doc": {"type": "string"},
+                               "view": {"type": "array", "minItems": 1,
+                                        "description": "per bound axis, a stored axis or a list of stored axes merged "
+                                                       "into it, outermost first: [[0, 1], 2] sees [E, f, d] as [E*f, d]",
+                                        "items": {"anyOf": [{"type": "integer", "minimum": 0},
+                                                            {"type": "array", "minItems": 1,
+                                                             "items": {"type": "integer", "minimum": 0}}]}}},
                 "additionalProperties": False,
             },
         ]

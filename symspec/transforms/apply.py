@@ -24,6 +24,10 @@ def transform_tensor(problem: Problem, binding: ParamBinding, x: torch.Tensor,
     """The transformed value of one bound parameter (spaces without an element: identity).
     ``actions``: per space, a callable ``(x, path, variance) -> y`` used instead of the
     group's ``apply`` (learned matching's soft and straight-through permutations)."""
+    if binding.view is not None and any(f.space in elements or (actions and f.space in actions)
+                                        for ab in binding.axes for s in ab.segments for f in s.factors):
+        plain = attrs.evolve(binding, view=None)
+        return binding.stored(transform_tensor(problem, plain, binding.viewed(x), elements, actions))
     for ab in binding.axes:
         if not any(f.space in elements or (actions and f.space in actions) for s in ab.segments for f in s.factors):
             continue
