@@ -80,6 +80,16 @@ NEW: dict[str, tuple[Callable[..., tuple[torch.nn.Module, Any]], dict[str, str]]
     # interleaved partial rotary, parallel blocks, a biased output head
     "gptj": (_hf("GPTJForCausalLM", "GPTJConfig", n_embd=16, n_layer=2, n_head=4, rotary_dim=2, vocab_size=23),
              {"resid": "OC(d)", "attn": "Heads(H, qk=RoPE(dh, rot=r, layout=interleaved), ov=GL(dh))", "mlp": "S(f)"}),
+    # a sparse mixture of experts: a router's softmax and top-k pick experts whose fused
+    # gate/up and down weights [E, ...] run on the rows routed to them (batched matmuls)
+    "mixtral": (_hf("MixtralForCausalLM", "MixtralConfig", num_local_experts=4, num_experts_per_tok=2, num_key_value_heads=2,
+                    experts_implementation="batched_mm"),
+                {"resid": "O(d)", "attn": "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)", "moe": "Experts(E, S(f))"}),
+    # experts beside a dense shared expert (its own MLP, gated by a sigmoid)
+    "qwen2_moe": (_hf("Qwen2MoeForCausalLM", "Qwen2MoeConfig", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
+                      shared_expert_intermediate_size=12, num_key_value_heads=2, experts_implementation="batched_mm"),
+                  {"resid": "O(d)", "attn": "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)", "mlp": "S(f)", "up": "D(f)",
+                   "moe": "Experts(E, S(fe))"}),
     # timm DeiT: a distillation token beside the class token, two classifier heads
     "deit_distilled": (_timm("deit_tiny_distilled_patch16_224"),
                        {"resid": "OC(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh))", "mlp": "S(f)"}),

@@ -31,7 +31,7 @@ from symspec.spec import load_spec, loads_spec
 
 from .cli_files import run
 from .infer_zoo import NEW
-from .zoo import EXAMPLES, ZOO
+from .zoo import EXAMPLES, ZOO, variant
 
 warnings.filterwarnings("ignore", message=".*eos_token_id.*")
 
@@ -104,8 +104,6 @@ def test_the_signature_tells_specs_apart() -> None:
     model, _ = ZOO["llama_tied"]()
     llama = signature(load_spec("llama"), model)
     assert llama != signature(load_spec("llama_tied"), model)
-    from .zoo import variant
-
     assert llama != signature(variant("llama", ("group: O(d)", "group: SP(d)")), model)
 
 
@@ -121,6 +119,8 @@ def _larger(group: str) -> str | None:
         if "qk=O(" in group:
             return group.replace("qk=O(", "qk=GL(")
         return None  # GL on both circuits: the largest there is
+    if group.startswith("Experts("):
+        return group.replace(", S(", ", SP(") if ", S(" in group else None
     kind, arg = group.split("(", 1)
     bigger = {"O": "GL", "OC": "O", "SP": "O", "S": "SP", "D": "GL", "Dpos": "D"}.get(kind)
     return f"{bigger}({arg}" if bigger else None
@@ -393,3 +393,91 @@ def test_a_model_that_cannot_run_in_float64_is_checked_in_float32() -> None:
     assert result.passed and _groups(result)["resid"] == "OC(d)"
     assert {r.dtype for r in result.check.rows} == {"float32"}
     assert any("cannot run in float64" in n for n in result.notes)
+
+
+# -- mixtures of experts ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("implementation", ["batched_mm", "grouped_mm"])
+def test_a_mixture_of_experts_is_read_from_its_router_and_its_expert_products(implementation: str) -> None:
+    """Mixtral: the router's rows and the expert weights' expert axis are one permutation,
+    each expert's units another, seen through views that merge the expert and unit axes;
+    the inferred spec is the hand-written one without the up path's scaling (a fused
+    gate/up weight's halves are not told apart for scalings yet). Both ways transformers
+    runs the experts (a gathered batched matmul; a grouped matmul, float32 only) read alike."""
+    # the grouped matmul wants rows of a multiple of 16 bytes
+    model, inputs = ZOO["mixtral"](experts_implementation=implementation, n_ff=8)
+    result = infer(model, inputs)
+    assert result.passed, result.check.render()
+    assert _groups(result)["moe[i]"] == "Experts(E, S(f))"
+    assert "view: [[0, 1], 2]" in result.yaml and "moe[i].router" in result.yaml
+    no_scaling = variant("mixtral", ('"cat(moe[i], moe[i] @ up[i], heads=E)"', '"cat(moe[i], moe[i], heads=E)"'),
+                         ('"moe[i]* @ up[i]*"', '"moe[i]*"'),
+                         ("  up[i]:\n    group: D(E * f)\n    doc: scaling of each expert's linear 'up' path (silu(gate) * up is linear in up)\n", ""))
+    assert signature(result.spec, model) == signature(no_scaling, model)
+    assert signature(result.spec, model) != signature(load_spec("mixtral"), model)
+
+
+def _hash_moe() -> tuple[nn.Module, torch.Tensor]:
+    class HashMoE(nn.Module):
+        """Experts picked by a hash of the token (no router): a stack of weights indexed by data."""
+
+        def __init__(self, vocab: int = 11, d: int = 8, f: int = 6, n_exp: int = 3) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            self.up = nn.Parameter(torch.randn(n_exp, f, d) / d**0.5)
+            self.down = nn.Parameter(torch.randn(n_exp, d, f) / f**0.5)
+            self.norm = nn.LayerNorm(d)
+            self.head = nn.Linear(d, vocab)
+            self.n_exp = n_exp
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.emb(ids)
+            b, t, d = x.shape
+            h = x.reshape(-1, d)
+            idx = (ids % self.n_exp).reshape(-1)
+            u = torch.bmm(self.up[idx], self.norm(h).unsqueeze(-1)).squeeze(-1)
+            y = torch.bmm(self.down[idx], F.gelu(u).unsqueeze(-1)).squeeze(-1)
+            return self.head(self.norm(h + y)).reshape(b, t, -1)
+
+    torch.manual_seed(0)
+    model = HashMoE().eval()
+    symspec.testing.randomize_(model, 0)
+    return model, torch.randint(11, (2, 6), generator=torch.Generator().manual_seed(0))
+
+
+def test_experts_picked_by_data_get_no_expert_permutation() -> None:
+    """Negative case: weight stacks indexed by a hash of the tokens are no routed experts.
+    Inference declares no expert permutation (a permutation of the units shared by every
+    expert is still true, and is found), and a spec that does permute the experts fails
+    its check."""
+    model, ids = _hash_moe()
+    result = infer(model, ids)
+    assert result.passed, result.check.render()
+    assert not any(g.startswith("Experts") for g in _groups(result).values())
+    assert "up: [_, " in result.yaml and "down: [_, " in result.yaml  # the expert axis stays as it is
+    wrong = loads_spec("""
+symspec: 1
+name: hash_moe_as_experts
+dims:
+  f: shape("up", 1)
+  E: shape("up", 0)
+spaces: {moe: "Experts(E, S(f))"}
+params:
+  up: {view: [[0, 1], 2], axes: [moe, _]}
+  down: {view: [1, [0, 2]], axes: [_, moe*]}
+  emb.weight: invariant
+  norm.weight: invariant
+  norm.bias: invariant
+  head.weight: invariant
+  head.bias: invariant
+""", "wrong.yaml")
+    report = check(model, wrong, ids, samples=2, dtypes=("float64",))
+    assert "moe" in {r.space for r in report.failed_rows()}
+    assert max(r.max_rel for r in report.failed_rows()) > 1e-3
+
+
+def test_an_experts_loop_that_cannot_be_exported_says_how_to_load_it() -> None:
+    model, inputs = ZOO["mixtral"](experts_implementation="eager")
+    with pytest.raises(symspec.inference.InferError, match="experts_implementation"):
+        infer(model, inputs)

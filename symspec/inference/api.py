@@ -86,8 +86,13 @@ def read_model(model: torch.nn.Module, example_inputs: Any) -> Facts:
 
     mg = trace(model, example_inputs, methods=("export",))
     if not mg.traced:
+        hint = ""
+        config = getattr(model, "config", None)
+        if getattr(config, "_experts_implementation", None) == "eager" and "DataDependent" in str(mg.reason):
+            hint = ("; its experts run in a loop over the experts the router picked, which cannot be exported: load it with "
+                    "experts_implementation='batched_mm' (or 'grouped_mm') in its config or from_pretrained")
         raise InferError(f"{type(model).__name__}: torch.export could not trace the model ({mg.reason}); "
-                         "inference reads the exported graph, so there is nothing to infer from")
+                         "inference reads the exported graph, so there is nothing to infer from" + hint)
     return read_graph(mg.gm, model)
 
 
@@ -180,7 +185,12 @@ def _restore_history(draft: Draft, history: dict[str, list[tuple[str, str, str]]
 
 def _shrink(sp: Any, why: str) -> None:
     before = sp.group_text()
-    if sp.kind == "heads":
+    if sp.kind == "experts":
+        if sp.within != "Id":  # each expert's units first, then the expert permutation itself
+            sp.within = "Id"
+        else:
+            sp.group = "Id"
+    elif sp.kind == "heads":
         if sp.qk_chain:
             sp.qk = sp.qk_chain.pop(0)
         elif sp.ov_chain:

@@ -61,6 +61,9 @@ class Space:
     rot: int | None = None
     rot_dim: str | None = None
     rope_layout: str = "half"
+    # experts: Experts(experts_dim, within(dim))
+    within: str = "S"
+    experts_dim: str = "E"
     #: how it shrank: (from, to, why)
     history: list[tuple[str, str, str]] = attrs.field(factory=list)
 
@@ -71,6 +74,8 @@ class Space:
                   + (", layout=interleaved" if rope and self.rope_layout == "interleaved" else "") + ")")
             kv = f", kv={self.kv_dim}" if self.kv_dim else ""
             return f"Heads({self.heads_dim}, qk={qk}, ov={self.ov}({self.dh_dim}){kv})"
+        if self.kind == "experts":
+            return f"Experts({self.experts_dim}, {self.within}({self.dim}))"
         return f"{self.group}({self.dim})"
 
     @property
@@ -105,6 +110,8 @@ class Draft:
     notes: list[str]
     #: what was not explained: (what, why)
     unexplained: list[tuple[str, str]]
+    #: parameter -> the stored axes each bound axis sees (``view:``), for merged expert axes
+    views: dict[str, tuple[tuple[int, ...], ...]] = attrs.field(factory=dict)
 
 
 # -- building ---------------------------------------------------------------------------
@@ -137,6 +144,11 @@ class _Builder:
         self.dims: dict[str, tuple[str, int, str]] = {}
         self.single_kv: set[str] = set()  # attentions with one key/value head (multi-query)
         self.rope_layout = "half"
+        self.router_of: dict[int, tuple[str, int | None]] = {}  # router output class -> (base, index)
+        #: expert weight -> (view, unit axis, resid axis, pieces, base, index)
+        self.expert_params: dict[str, tuple[tuple[tuple[int, ...], ...], int, int, int, str, int | None]] = {}
+        self.expert_classes: set[int] = set()
+        self.views: dict[str, tuple[tuple[int, ...], ...]] = {}
 
     # -- tags ------------------------------------------------------------------------
     def related_tags(self, atom: int) -> set[str]:
@@ -160,16 +172,84 @@ class _Builder:
     # -- the pieces ------------------------------------------------------------------
     def build(self) -> Draft:
         self.attention_spaces()
+        experts = self.expert_groups()
         folds, folded_gains, folded_biases, unfoldable = self.plan_folds()
         self.plain_spaces(unfoldable)
+        self.expert_spaces(experts)
         self.scales()
         params = self.bindings(folded_gains, folded_biases, unfoldable)
         ties, untie = self.plan_ties(folds)
         centre = self.plan_center(folds) if self.center_ok else {}
         self.name_dims()
         draft = Draft(self.name, type(self.model).__name__, self.dims, self.spaces, params, self.param_notes,
-                      ties, untie, folds, centre, self.notes, self.unexplained)
+                      ties, untie, folds, centre, self.notes, self.unexplained, self.views)
         return draft
+
+    # -- mixtures of experts -------------------------------------------------------------
+    def expert_groups(self) -> list[dict[str, Any]]:
+        """The mixtures of experts: per router, its output class (one per expert), the
+        experts' unit class and how each expert weight binds. Their classes are set aside
+        (they are not plain spaces); what does not fit the pattern is left to the rest."""
+        by_atom: dict[int, list[Any]] = {}
+        for use in self.f.experts:
+            by_atom.setdefault(self.ax.find(use.expert_atom), []).append(use)
+        out = []
+        for e_root, uses in by_atom.items():
+            router = next((u.router for u in uses if u.router), None)
+            r_atoms = self.f.param_atoms.get(router or "")
+            if router is None or r_atoms is None or len(r_atoms) != 2 or self.ax.find(r_atoms[0]) != e_root:
+                self.notes.append(f"experts {', '.join(sorted({u.weight for u in uses}))}: no router found whose scores pick them; left invariant")
+                continue
+            resid = self.ax.find(r_atoms[1])
+            units: set[int] = set()
+            binds = []
+            for u in uses:
+                atoms = self.f.param_atoms[u.weight]
+                unit_axis = u.write_axis if self.ax.find(atoms[u.write_axis]) != resid else u.read_axis
+                other = u.read_axis if unit_axis == u.write_axis else u.write_axis
+                cls = self.ax.find(atoms[unit_axis])
+                tiles = self.ax.tiling(cls)
+                pieces = [self.ax.find(c) for _, _, c in tiles] if tiles else [cls]
+                if self.ax.find(atoms[other]) != resid or len(atoms) != 3:
+                    units.clear()
+                    break
+                units.update(pieces)
+                binds.append((u, unit_axis, other, len(pieces)))
+            if len(units) != 1:
+                self.notes.append(f"experts of {router}: their hidden units do not form one class; left invariant")
+                continue
+            unit = units.pop()
+            self.expert_classes |= {e_root, unit}
+            out.append({"router": router, "experts": e_root, "unit": unit, "binds": binds})
+        return out
+
+    def expert_spaces(self, groups: list[dict[str, Any]]) -> None:
+        for grp in groups:
+            router, unit = grp["router"], grp["unit"]
+            layer = layer_of(router)
+            tags = self.related_tags(unit)
+            g, why = largest(tags)
+            within = meet(g, "SP")
+            n_exp, f = self.ax.size[grp["experts"]], self.ax.size[unit]
+            base = "moe"
+            sp = self.spaces.get(base)
+            if sp is None:
+                dim = "f" if "f" not in self.dims or self.dims["f"][1] == f else "fe"
+                sp = self.spaces[base] = Space(base, "experts", "Experts", dim, f, within=within, chain=["Id"] if within != "Id" else [])
+                weights = sorted({u.weight for u, *_ in grp["binds"]})
+                sp.evidence.append(f"{router}: a router (softmax, top-k) picks experts among {n_exp}; {', '.join(weights)}: "
+                                   f"expert weights applied to the rows routed to each expert, so the experts may be "
+                                   f"permuted with the router's rows")
+                sp.evidence.append(f"each expert's {f} hidden units: " + (", ".join(why) if why else "only linear maps act on them"))
+                self.dims.setdefault("E", ("", n_exp, "experts"))
+                self.dims.setdefault(dim, ("", f, ""))
+            sp.instances.add(layer)
+            self.router_of[grp["experts"]] = (base, layer)
+            for u, unit_axis, other, pieces in grp["binds"]:
+                merged = (u.expert_axis, unit_axis)
+                view = (merged, (other,)) if unit_axis < other else ((other,), merged)
+                self.expert_params[u.weight] = (view, unit_axis, other, pieces, base, layer)
+                self.views[u.weight] = view
 
     def attention_spaces(self) -> None:
         count: dict[int | None, int] = {}
@@ -352,8 +432,9 @@ class _Builder:
                                            ["LayerNorm(-y) = -LayerNorm(y): a global sign of the residual stream passes its norms"])
 
     def _structured(self, r: int) -> bool:
-        """A class described by an attention's heads (split into heads and head width)."""
-        if r in self.within_of or r in self.head_of:
+        """A class described by an attention's heads (split into heads and head width), or
+        by a mixture of experts (the router's outputs, the experts' units)."""
+        if r in self.within_of or r in self.head_of or r in self.expert_classes:
             return True
         for kids in self.ax.splits.get(r, {}).values():
             if len(kids) == 2 and self.ax.find(kids[0]) in self.head_of:
@@ -476,6 +557,9 @@ class _Builder:
         if r in self.class_space:
             base, idx = self.class_space[r]
             return AxisBind([[Factor(base, idx, "", dual, absval)]])
+        if r in self.router_of:
+            base, idx = self.router_of[r]
+            return AxisBind([[Factor(base, idx, "router", dual)]])
         for _sizes, kids in self.ax.splits.get(r, {}).items():
             if len(kids) != 2:
                 continue
@@ -525,6 +609,9 @@ class _Builder:
                 params[pname] = "invariant"
                 self.param_notes[pname] = "1 after fold_norm" if pname in folded_gains else "0 after fold_norm"
                 continue
+            if pname in self.expert_params:
+                params[pname] = self._expert_binding(pname, atoms, roles)
+                continue
             axes: list[AxisBind] = []
             for axis, a in enumerate(atoms):
                 rs = roles.get(axis, set())
@@ -547,6 +634,18 @@ class _Builder:
                 axes.append(b)
             params[pname] = axes
         return params
+
+    def _expert_binding(self, pname: str, atoms: list[int], roles: dict[int, set[str]]) -> list[AxisBind]:
+        """An expert weight, seen through its view: the expert and unit axes merged (the
+        experts' units, expert-major; a fused gate/up as ``cat(..., heads=E)``), and the
+        residual axis."""
+        view, unit_axis, other, pieces, base, idx = self.expert_params[pname]
+        unit_dual = "contra" in roles.get(unit_axis, set()) and "co" not in roles.get(unit_axis, set())
+        unit = Factor(base, idx, "", unit_dual)
+        units = AxisBind([[attrs.evolve(unit)] for _ in range(pieces)], cat=True, heads="E") if pieces > 1 else AxisBind([[unit]])
+        rs = roles.get(other, set())
+        resid = self.describe(atoms[other], "contra" in rs and "co" not in rs) or AxisBind([[]])
+        return [units if len(g) == 2 else resid for g in view]
 
     def _sign_of(self, pname: str, axis: int) -> bool | None:
         """Does the global sign reach this axis, and dually? None: it does not. A sign
@@ -648,6 +747,8 @@ class _Builder:
             "K": ["num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv"],
             "dh": ["head_dim", "kv_channels", "d_head", "d_kv"],
             "f": ["intermediate_size", "n_inner", "ffn_dim", "d_ff", "mlp_dim", "ffn_hidden_size", "n_ff", "ffn_dim"],
+            "E": ["num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"],
+            "fe": ["moe_intermediate_size", "expert_intermediate_size", "intermediate_size"],
         }
         for sp in self.spaces.values():
             if sp.kind == "plain":
@@ -670,7 +771,7 @@ class _Builder:
             if not expr:
                 expr = self._shape_expr(sym, size)
             out[sym] = (expr or str(size), size, comment)
-        order = ["d", "H", "K", "dh", "f", "r"]
+        order = ["d", "H", "K", "dh", "f", "E", "fe", "r"]
         self.dims = {k: out[k] for k in sorted(out, key=lambda k: (order.index(k) if k in order else len(order), k))}
 
     def _module_attr(self, names: Iterable[str], size: int) -> str:

@@ -8,9 +8,10 @@ Plain classes take one of GL ⊃ O ⊃ {OC, SP} ⊃ S ⊃ Id (OC ∧ SP = S):
   (orthogonal maps that fix the all-ones direction);
 - an odd elementwise function (tanh): SP (signed permutations);
 - any other elementwise nonlinearity, a product of two features, a softmax, another
-  reduction: S;
+  reduction, a top-k: S;
 - a model input or output, an index, a kernel, a constant table added or multiplied
-  along the axis, an op inference cannot read: Id (the axis stays as it is).
+  along the axis, rows picked along it by data, an op inference cannot read: Id (the
+  axis stays as it is).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def largest(tags: Iterable[str]) -> tuple[str, list[str]]:
             cap("Id", "a fixed table added along it")
         elif t == "varying":
             cap("Id", "multiplied by a fixed table along it")
+        elif t == "gather":
+            cap("Id", "rows picked along it by data (an index)")
     if "layernorm" in tags or ("var" in tags and "mean" in tags):
         cap("OC", "a LayerNorm")
     elif "mean" in tags:
@@ -84,6 +87,8 @@ def largest(tags: Iterable[str]) -> tuple[str, list[str]]:
             cap("S", "an elementwise product of two features")
         elif t == "softmax":
             cap("S", "a softmax over it")
+        elif t == "topk":
+            cap("S", "a top-k over it")
         elif t.startswith("reduce:"):
             cap("S", f"a {t.split(':', 1)[1]} over it")
     # the reasons that decide the group (those that allow no more than it), each once

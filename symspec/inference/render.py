@@ -157,7 +157,7 @@ def _params(draft: Draft) -> list[str]:
         by_template.setdefault(template_of(name), []).append(name)
     lines = []
     for tmpl, names in by_template.items():
-        values = {n: param_value(draft.params[n], True, draft) for n in names}
+        values = {n: _with_view(n, param_value(draft.params[n], True, draft), draft) for n in names}
         uniform = "{i}" in tmpl and len(set(values.values())) == 1 and len(names) > 0 \
             and all(layer_of(n) is not None for n in names)
         note_of = {n: draft.param_notes.get(n, "") for n in names}
@@ -166,6 +166,15 @@ def _params(draft: Draft) -> list[str]:
             lines.append(f"  {tmpl}: {values[names[0]]}" + (f"  # {note}" if note else ""))
         else:
             for n in names:
-                v = param_value(draft.params[n], False, draft)
+                v = _with_view(n, param_value(draft.params[n], False, draft), draft)
                 lines.append(f"  {n}: {v}" + (f"  # {note_of[n]}" if note_of[n] else ""))
     return lines
+
+
+def _with_view(name: str, value: str | None, draft: Draft) -> str | None:
+    """A parameter seen through a view: ``{view: [[0, 1], 2], axes: [...]}``."""
+    view = draft.views.get(name)
+    if view is None or value is None or value == "invariant":
+        return value
+    text = "[" + ", ".join(str(g[0]) if len(g) == 1 else "[" + ", ".join(map(str, g)) + "]" for g in view) + "]"
+    return f"{{view: {text}, axes: {value}}}"

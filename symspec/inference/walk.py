@@ -92,6 +92,21 @@ class Attention:
 
 
 @attrs.define
+class ExpertUse:
+    """A mixture-of-experts product: a weight with a leading expert axis applied to the
+    rows routed to each expert (``W[index] @ x``, a grouped matmul)."""
+
+    weight: str
+    expert_axis: int  # the weight axis that counts the experts
+    read_axis: int
+    write_axis: int
+    router: str | None  # the weight whose softmax and top-k chose the experts
+    expert_atom: int  # the class of the router's outputs (= the expert axis)
+    input: str  # the node it reads
+    output: str
+
+
+@attrs.define
 class Facts:
     axes: Axes
     #: parameter -> atom per axis
@@ -120,6 +135,8 @@ class Facts:
     sites: dict[tuple[str, int], set[tuple[str, str, str]]] = attrs.field(factory=dict)
     #: node -> the atom of its last dim (where it is one atom)
     node_atom: dict[str, int] = attrs.field(factory=dict)
+    #: mixture-of-experts products (their weights are not in ``linears``)
+    experts: list[ExpertUse] = attrs.field(factory=list)
 
 
 def _opname(n: fx.Node) -> str:
@@ -134,6 +151,15 @@ def _opname(n: fx.Node) -> str:
 
 def _val(n: Any) -> Any:
     return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def _integral(v: Any) -> bool:
+    """An integer or boolean tensor (or a tuple of them): indices, counts, masks."""
+    if isinstance(v, torch.Tensor):
+        return not v.is_floating_point() and not v.is_complex()
+    if isinstance(v, (tuple, list)) and v:
+        return all(isinstance(x, torch.Tensor) and not x.is_floating_point() for x in v)
+    return False
 
 
 def _shape(n: Any) -> tuple[int, ...] | None:
@@ -158,6 +184,12 @@ class _Reader:
         self.facts = Facts(self.ax, {}, {}, {}, [], [], [], [], [], {}, {}, {})
         self.gain_at: dict[str, tuple[str, float, str]] = {}  # node -> (gain parameter, offset, normalised node)
         self.squares: set[str] = set()
+        #: nodes that carry a routing decision (top-k indices and what is computed from
+        #: them): node -> (the class of the router's outputs, the router's weight)
+        self.routed: dict[str, tuple[int, str | None]] = {}
+        #: a stack of weights gathered per row: node -> (parameter, node dim -> axis, the
+        #: router's output class and the router when routed experts picked them, else None)
+        self.expert_rows: dict[str, tuple[str, tuple[int | None, ...], int | None, str | None]] = {}
         self.module = ""
         sig = ep.graph_signature
         self.placeholders = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
@@ -271,7 +303,11 @@ class _Reader:
             return self.opaque(n, n.op)
         shape = _shape(n)
         inputs = n.all_input_nodes
-        self.feature[n.name] = any(self.feat(a) for a in inputs)
+        # integer results (indices, counts, masks) are no features, whatever they came from
+        self.feature[n.name] = any(self.feat(a) for a in inputs) and not _integral(_val(n))
+        routed = next((self.routed[a.name] for a in inputs if a.name in self.routed), None)
+        if routed is not None and op not in ("index", "getitem", "bmm", "matmul", "grouped_mm_fallback", "_grouped_mm"):
+            self.routed[n.name] = routed  # a routing decision sorted, counted, reshaped
         if op in NO_TENSOR:
             if shape is not None:
                 self.lay[n.name] = self.fresh_layouts(shape)
@@ -392,6 +428,11 @@ class _Reader:
 
     def op_getitem(self, n: fx.Node, shape: Any) -> None:
         x, idx = n.args[0], n.args[1]
+        if isinstance(x, fx.Node) and x.name in self.routed and _opname(x) == "topk":
+            if idx == 1:
+                self.routed[n.name] = self.routed[x.name]  # the chosen experts, not their weights
+        elif isinstance(x, fx.Node) and x.name in self.routed:
+            self.routed[n.name] = self.routed[x.name]
         seq = self.lay.get(x.name) if isinstance(x, fx.Node) else None
         if isinstance(idx, int) and isinstance(seq, list) and seq and isinstance(seq[0], list):
             self.lay[n.name] = seq[idx]
@@ -691,6 +732,130 @@ class _Reader:
         if f.name in self.src and op == "mul":
             self.src[n.name] = self.src[f.name]
 
+    # -- mixtures of experts -------------------------------------------------------------
+    def op_topk(self, n: fx.Node, shape: Any) -> None:
+        """Top-k over a router's scores: the experts it picks depend on the order of the
+        scores only, so a permutation of the experts moves the picks with it; the values
+        are the picked scores, in their own (sorted) order."""
+        x = n.args[0]
+        lay = self.L(x)
+        val = _val(n)
+        if lay is None or not isinstance(val, (tuple, list)) or len(val) != 2:
+            return self.opaque(n, "topk")
+        dim = self._dim(n, 2, -1, len(lay))
+        self.ax.tag(lay[dim], "topk")
+        k = int(val[0].shape[dim])
+        out = list(lay)
+        out[dim] = (self.ax.fresh(k),) if k > 1 else ()
+        self.lay[n.name] = [out, [d if i != dim else ((self.ax.fresh(k),) if k > 1 else ()) for i, d in enumerate(lay)]]
+        self.feature[n.name] = self.feat(x)
+        if lay[dim] and len(lay[dim]) == 1:
+            self.routed[n.name] = (lay[dim][0], self._router_of(x))
+
+    def _router_of(self, x: fx.Node) -> str | None:
+        """The weight of the linear layer whose scores reach ``x`` through casts and a softmax."""
+        cur = x
+        for _ in range(8):
+            if cur.name in self.linear_out:
+                return self.linear_out[cur.name]
+            if not cur.all_input_nodes:
+                return None
+            cur = cur.all_input_nodes[0]
+        return None
+
+    def op_index(self, n: fx.Node, shape: Any) -> None:
+        """``x[idx]`` with one index tensor: rows gathered along one dim, every other dim
+        as it was. The gathered dim is indexed by data (no symmetry may act on it); an
+        expert weight indexed by routed experts is the experts' product (:meth:`op_bmm`)."""
+        x, idx = n.args[0], n.args[1]
+        lay = self.L(x)
+        if lay is None or shape is None or not isinstance(idx, (list, tuple)):
+            return self.opaque(n, "index")
+        pos = [i for i, t in enumerate(idx) if t is not None]
+        if len(pos) != 1 or not isinstance(idx[pos[0]], fx.Node):
+            return self.opaque(n, "index")
+        i, t = pos[0], idx[pos[0]]
+        width = len(_shape(t) or ())
+        if len(shape) != len(lay) - 1 + width:
+            return self.opaque(n, "index")
+        if i == 0 and x.name in self.src and len(lay) == 3:  # a stack of weights, one picked per row
+            pname, amap = self.src[x.name]
+            atom: int | None = None
+            router = None
+            if t.name in self.routed and lay[0] and len(lay[0]) == 1:
+                atom, router = self.routed[t.name]
+                self.ax.unify(lay[0][0], atom)
+                self.role(x, 0, "expert")
+            elif lay[0]:
+                self.ax.tag(lay[0], "gather")  # picked by something other than a router: no permutation
+            self.expert_rows[n.name] = (pname, (None,) * width + tuple(amap[1:]), atom, router)
+        elif self.feat(x) and lay[i]:
+            self.ax.tag(lay[i], "gather")
+        self.lay[n.name] = [*lay[:i], *self.fresh_layouts(shape[i : i + width]), *lay[i + 1 :]]
+
+    def op_repeat_interleave(self, n: fx.Node, shape: Any) -> None:
+        """Rows repeated (a token copied once per picked expert): the other dims as they were."""
+        x = n.args[0] if n.args else None
+        lay = self.L(x)
+        dim = n.args[2] if len(n.args) > 2 else n.kwargs.get("dim")
+        if lay is None or shape is None or dim is None or len(shape) != len(lay):
+            return self.opaque(n, "repeat_interleave")
+        dim = int(dim) % len(lay)
+        if self.feat(x) and lay[dim]:
+            self.ax.tag(lay[dim], "gather")
+        self.lay[n.name] = [d if j != dim else ((self.ax.fresh(shape[j]),) if shape[j] > 1 else ()) for j, d in enumerate(lay)]
+
+    def op_grouped_mm_fallback(self, n: fx.Node, shape: Any) -> None:
+        """A grouped matmul (the experts of a mixture, rows sorted by expert): ``x`` [N, in]
+        times the expert weights [E, in, out], the row groups given by routed offsets."""
+        x, w = n.args[0], n.args[1]
+        offs = n.args[2] if len(n.args) > 2 else n.kwargs.get("offs")
+        lx, lw = self.L(x), self.L(w)
+        if lx is None or lw is None or shape is None or len(lw) != 3 or len(lx) != 2 or w.name not in self.src \
+                or not isinstance(offs, fx.Node) or offs.name not in self.routed:
+            return self.opaque(n, _opname(n))
+        atom, router = self.routed[offs.name]
+        pname, amap = self.src[w.name]
+        if lw[0] and len(lw[0]) == 1:
+            self.ax.unify(lw[0][0], atom)
+        self.ax.unify_layouts(lx[-1], lw[1])
+        self.lay[n.name] = [lx[0], lw[2]]
+        own = self.alias(pname)
+        if amap[1] is None or amap[2] is None or amap[0] is None:
+            return self.opaque(n, _opname(n))
+        roles = self.facts.roles.setdefault(own, {})
+        roles.setdefault(amap[1], set()).add("contra")
+        roles.setdefault(amap[2], set()).add("co")
+        roles.setdefault(amap[0], set()).add("expert")
+        self.facts.experts.append(ExpertUse(own, amap[0], amap[1], amap[2], router, atom, x.name, n.name))
+
+    op__grouped_mm = op_grouped_mm_fallback
+
+    def _gathered_expert_matmul(self, n: fx.Node, shape: Any, a: fx.Node, b: fx.Node) -> bool:
+        """``W[idx] @ x`` [N, out, in] x [N, in, 1]: the experts' product (batched_mm)."""
+        if a.name not in self.expert_rows:
+            return False
+        la, lb = self.L(a), self.L(b)
+        if la is None or lb is None or shape is None or len(la) != 3 or len(lb) != 3:
+            return False
+        pname, amap, atom, router = self.expert_rows[a.name]
+        self.ax.unify_layouts(la[-1], lb[-2])
+        batch = self.broadcast(shape[:-2], [_Sub(a, la[:-2]), _Sub(b, lb[:-2])])
+        self.lay[n.name] = [*list(batch), la[-2], lb[-1]]
+        r_axis, w_axis = amap[-1], amap[-2]
+        e_axis = next((i for i in range(len(self.facts.param_atoms.get(pname, []))) if i not in (r_axis, w_axis)), None)
+        if r_axis is None or w_axis is None or e_axis is None:
+            return False
+        own = self.alias(pname)
+        roles = self.facts.roles.setdefault(own, {})
+        roles.setdefault(r_axis, set()).add("contra")
+        roles.setdefault(w_axis, set()).add("co")
+        if atom is None:  # not routed: a linear layer whose weight stack is indexed by data
+            self.facts.linears.append(Linear(own, r_axis, w_axis, None, b.name, n.name))
+        else:
+            self.facts.experts.append(ExpertUse(own, e_axis, r_axis, w_axis, router, atom, b.name, n.name))
+        return True
+
     # -- nonlinear and reductions ------------------------------------------------------
     def elementwise(self, n: fx.Node, shape: Any, op: str) -> None:
         ins = [x for x in n.all_input_nodes if self.L(x) is not None and self.feat(x)]
@@ -797,6 +962,8 @@ class _Reader:
         la, lb = self.L(a), self.L(b)
         if la is None or lb is None or shape is None:
             return self.opaque(n, "matmul")
+        if isinstance(a, fx.Node) and isinstance(b, fx.Node) and self._gathered_expert_matmul(n, shape, a, b):
+            return None
         if b.name in self.src and len(lb) == 2:  # x @ W (a weight stored input-first)
             return self._linear(n, shape, a, b, None, read=0, write=1)
         if len(la) < 2 or len(lb) < 2:
@@ -993,12 +1160,28 @@ def _keeps_last(u: fx.Node) -> bool:
     return not any(int(d) % len(xs) == len(xs) - 1 for d in dims)
 
 
+def _rows_only(u: fx.Node) -> bool:
+    """Does ``u`` gather or repeat rows (dim 0) of a matrix, or add a trailing unit dim,
+    leaving the features as they are?"""
+    op = _opname(u)
+    xs = _shape(u.args[0])
+    if xs is None or len(xs) != 2:
+        return False
+    if op == "index":
+        idx = u.args[1]
+        return isinstance(idx, (list, tuple)) and len(idx) >= 1 and idx[0] is not None and all(t is None for t in idx[1:])
+    if op == "repeat_interleave":
+        dim = u.args[2] if len(u.args) > 2 else u.kwargs.get("dim")
+        return dim is not None and int(dim) % 2 == 0
+    return op == "unsqueeze" and len(u.args) > 1 and int(u.args[1]) in (-1, 2)
+
+
 def _consumers(r: _Reader, facts: Facts) -> None:
     """For every norm output: who reads it, after ops that only copy or reshape it. A
     ``("linear", weight, axis)`` entry is a layer reading it through that weight axis;
     anything else is ``(op, "", -1)``."""
-    by_input: dict[str, list[Linear]] = {}
-    for lin in facts.linears:
+    by_input: dict[str, list[Any]] = {}
+    for lin in [*facts.linears, *facts.experts]:
         by_input.setdefault(lin.input, []).append(lin)
     for norm in facts.norms:
         out: list[tuple[str, str, int]] = []
@@ -1016,6 +1199,8 @@ def _consumers(r: _Reader, facts: Facts) -> None:
                     out += [("linear", lin.weight, lin.read_axis) for lin in lins]
                 elif op in TRANSPARENT or op in ("view", "reshape", "_unsafe_view", "alias") or (op in ("select", "slice", "mean") and _keeps_last(u)):
                     todo.append(u)
+                elif op in ("index", "repeat_interleave", "unsqueeze") and _rows_only(u):
+                    todo.append(u)  # rows gathered or repeated for the experts that read them
                 elif op == "output":
                     out.append(("output", "", -1))
                 else:
