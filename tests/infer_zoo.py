@@ -84,12 +84,15 @@ NEW: dict[str, tuple[Callable[..., tuple[torch.nn.Module, Any]], dict[str, str]]
     # gate/up and down weights [E, ...] run on the rows routed to them (batched matmuls)
     "mixtral": (_hf("MixtralForCausalLM", "MixtralConfig", num_local_experts=4, num_experts_per_tok=2, num_key_value_heads=2,
                     experts_implementation="batched_mm"),
-                {"resid": "O(d)", "attn": "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)", "moe": "Experts(E, S(f))"}),
+                {"resid": "O(d)", "attn": "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)", "moe": "Experts(E, S(f))", "up": "D(E * f)"}),
     # experts beside a dense shared expert (its own MLP, gated by a sigmoid)
     "qwen2_moe": (_hf("Qwen2MoeForCausalLM", "Qwen2MoeConfig", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
                       shared_expert_intermediate_size=12, num_key_value_heads=2, experts_implementation="batched_mm"),
                   {"resid": "O(d)", "attn": "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)", "mlp": "S(f)", "up": "D(f)",
-                   "moe": "Experts(E, S(fe))"}),
+                   "moe": "Experts(E, S(fe))", "eup": "D(E * fe)"}),
+    # fused q/k/v and a fused gate/up weight split by a chunk: the scaling acts on the up half
+    "phi3": (_hf("Phi3ForCausalLM", "Phi3Config", num_key_value_heads=2),
+             {"resid": "O(d)", "attn": "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)", "mlp": "S(f)", "up": "D(f)"}),
     # timm DeiT: a distillation token beside the class token, two classifier heads
     "deit_distilled": (_timm("deit_tiny_distilled_patch16_224"),
                        {"resid": "OC(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh))", "mlp": "S(f)"}),

@@ -393,6 +393,9 @@ class _Builder:
             axes = self._axes_of(r)
             if self.ax.size[r] <= 1 or not any(role in ("co", "contra") for _, _, roles in axes for role in roles):
                 continue  # gains and biases alone: nothing writes or reads through it
+            tiles = self.ax.tiling(r)
+            if tiles and all(self.ax.find(c) in order or self._structured(self.ax.find(c)) for _, _, c in tiles):
+                continue  # a fused axis (Phi-3's gate_up) is its pieces' spaces, concatenated
             tags = self.related_tags(r)
             g, why = largest(tags)
             if r in unfoldable:
@@ -475,19 +478,36 @@ class _Builder:
 
     # -- scalings ----------------------------------------------------------------------
     def scales(self) -> None:
+        """Diagonal scalings: a gated unit's linear factor (``D``), a ReLU-like unit's input
+        (``Dpos``). A fused gate/up weight split by a chunk scales the piece that is the
+        linear factor only; an expert weight's scaling acts on the experts' units
+        (``D(E * f)``)."""
         self.scaled: dict[tuple[str, int], tuple[str, int | None, bool]] = {}
+        #: (weight, axis, piece of a concatenated axis) -> the scaling on that piece
+        self.scaled_piece: dict[tuple[str, int, int], tuple[str, int | None, bool]] = {}
         lin_by_weight = {lin.weight: lin for lin in self.f.linears}
         readers = self._readers_of_nodes()
+        dense_gate = any(g[1] in lin_by_weight for g in self.f.gates)
         for kind, items in (("gate", self.f.gates), ("relu", self.f.homogeneous)):
             for node, weight, *rest in items:
+                piece = rest[1] if len(rest) > 2 else None
+                piece_node = rest[2] if len(rest) > 2 else None
                 lin = lin_by_weight.get(weight)
-                if lin is None:
+                expert = self.expert_params.get(weight) if kind == "gate" else None
+                if lin is None and expert is None:
                     continue
-                r = self.ax.find(self.f.param_atoms[weight][lin.write_axis])
-                owner = self.class_space.get(r)
+                axis = expert[1] if expert is not None else lin.write_axis  # type: ignore[union-attr]
+                r = self.ax.find(self.f.param_atoms[weight][axis])
+                if piece is not None:
+                    tiles = self.ax.tiling(r)
+                    if not tiles or piece >= len(tiles):
+                        continue
+                    r = self.ax.find(tiles[piece][2])
+                owner = (expert[4], expert[5]) if expert is not None else self.class_space.get(r)
                 if owner is None:
                     continue
-                if kind == "gate" and rest and self._depends_on(rest[0], lin.output):
+                output = piece_node or (lin.output if lin is not None else None)
+                if kind == "gate" and rest and output and self._depends_on(rest[0], output):
                     continue  # x * f(x): the same layer on both sides (a GELU written out), not a gate
                 if kind == "relu":
                     tags = self.related_tags(r)
@@ -496,19 +516,30 @@ class _Builder:
                 reads = readers.get(node, [])
                 if not reads:
                     continue
-                base = "up" if kind == "gate" else "scale"
+                base = ("eup" if expert is not None and dense_gate else "up") if kind == "gate" else "scale"
                 group = "D" if kind == "gate" else "Dpos"
                 sp = self.spaces.get(base)
                 if sp is None:
-                    sp = self.spaces[base] = Space(base, "scale", group, self.spaces[owner[0]].dim, self.ax.size[r],
-                                                   chain=["Dpos", "Id"] if group == "D" else ["Id"])
+                    if expert is not None:
+                        dim, size = f"E * {self.spaces[owner[0]].dim}", self.dims["E"][1] * self.ax.size[r]
+                    else:
+                        dim, size = self.spaces[owner[0]].dim, self.ax.size[r]
+                    sp = self.spaces[base] = Space(base, "scale", group, dim, size, chain=["Dpos", "Id"] if group == "D" else ["Id"])
                     sp.evidence.append(f"{weight}: " + ("its output multiplies an activation of another layer (a gated unit), "
                                                         "so it can be scaled and its readers undo the scale" if kind == "gate"
-                                                        else "a ReLU-like unit reads it: f(a x) = a f(x) for a > 0"))
+                                                        else "a ReLU-like unit reads it: f(a x) = a f(x) for a > 0")
+                                       + (f" (piece {piece} of its output, split by a chunk)" if piece is not None else "")
+                                       + ("; each expert's units are scaled on their own" if expert is not None else ""))
                 sp.instances.add(owner[1])
-                self.scaled[(weight, lin.write_axis)] = (base, owner[1], False)
-                if lin.bias:
-                    self.scaled[(lin.bias, 0)] = (base, owner[1], False)
+                if piece is None:
+                    self.scaled[(weight, axis)] = (base, owner[1], False)
+                else:
+                    self.scaled_piece[(weight, axis, piece)] = (base, owner[1], False)
+                if lin is not None and lin.bias:
+                    if piece is None:
+                        self.scaled[(lin.bias, 0)] = (base, owner[1], False)
+                    else:
+                        self.scaled_piece[(lin.bias, 0, piece)] = (base, owner[1], False)
                 for w, a in reads:
                     self.scaled[(w, a)] = (base, owner[1], True)
 
@@ -519,7 +550,7 @@ class _Builder:
         graph_nodes = self.f.nodes
         out: dict[str, list[tuple[str, int]]] = {}
         by_input: dict[str, list[Any]] = {}
-        for lin in self.f.linears:
+        for lin in [*self.f.linears, *self.f.experts]:
             by_input.setdefault(lin.input, []).append(lin)
         for name in [n for n, *_ in self.f.gates] + [n for n, _ in self.f.homogeneous]:
             todo, seen, got = [graph_nodes[name]], set(), []
@@ -531,7 +562,7 @@ class _Builder:
                 got += [(lin.weight, lin.read_axis) for lin in by_input.get(n.name, [])]
                 for u in n.users:
                     op = getattr(u.target, "__name__", "").split(".")[0]
-                    if op in TRANSPARENT or op in ("view", "reshape", "_unsafe_view"):
+                    if op in TRANSPARENT or op in ("view", "reshape", "_unsafe_view", "unsqueeze"):
                         todo.append(u)
             out[name] = got
         return out
@@ -627,6 +658,11 @@ class _Builder:
                 sc = self.scaled.get((pname, axis))
                 if sc is not None and not b.cat and len(b.chains[0]) == 1:
                     b.chains[0].append(Factor(sc[0], sc[1], "", sc[2]))
+                if b.cat:
+                    for i, chain in enumerate(b.chains):
+                        sp_ = self.scaled_piece.get((pname, axis, i))
+                        if sp_ is not None and len(chain) == 1:
+                            chain.append(Factor(sp_[0], sp_[1], "", sp_[2]))
                 if "sgn" in self.spaces and not b.cat and any(f.space == "resid" for f in b.chains[0]):
                     sign = self._sign_of(pname, axis)
                     if sign is not None:
@@ -642,7 +678,12 @@ class _Builder:
         view, unit_axis, other, pieces, base, idx = self.expert_params[pname]
         unit_dual = "contra" in roles.get(unit_axis, set()) and "co" not in roles.get(unit_axis, set())
         unit = Factor(base, idx, "", unit_dual)
-        units = AxisBind([[attrs.evolve(unit)] for _ in range(pieces)], cat=True, heads="E") if pieces > 1 else AxisBind([[unit]])
+        chains = [[attrs.evolve(unit)] for _ in range(pieces)]
+        for i, chain in enumerate(chains):
+            sc = self.scaled_piece.get((pname, unit_axis, i)) if pieces > 1 else self.scaled.get((pname, unit_axis))
+            if sc is not None:
+                chain.append(Factor(sc[0], sc[1], "", sc[2]))
+        units = AxisBind(chains, cat=True, heads="E") if pieces > 1 else AxisBind(chains)
         rs = roles.get(other, set())
         resid = self.describe(atoms[other], "contra" in rs and "co" not in rs) or AxisBind([[]])
         return [units if len(g) == 2 else resid for g in view]

@@ -118,8 +118,9 @@ class Facts:
     linears: list[Linear]
     norms: list[Norm]
     attentions: list[Attention]
-    #: (node of the gated product, the weight whose output is the linear factor)
-    gates: list[tuple[str, str]]
+    #: (node of the gated product, the weight whose output is the linear factor, the
+    #: other factor, and for a fused weight split by a chunk: the piece's index and node)
+    gates: list[tuple[Any, ...]]
     #: (node of the homogeneous unit, the weight whose output it reads)
     homogeneous: list[tuple[str, str]]
     #: node name -> the users of it (after transparent ops), for folding decisions
@@ -184,6 +185,10 @@ class _Reader:
         self.facts = Facts(self.ax, {}, {}, {}, [], [], [], [], [], {}, {}, {})
         self.gain_at: dict[str, tuple[str, float, str]] = {}  # node -> (gain parameter, offset, normalised node)
         self.squares: set[str] = set()
+        #: a chunk or split of a layer's output along its features: node -> (weight, pieces)
+        self.pieces_of: dict[str, tuple[str, int]] = {}
+        #: one piece of it: node -> (weight, piece index)
+        self.linear_piece: dict[str, tuple[str, int]] = {}
         #: nodes that carry a routing decision (top-k indices and what is computed from
         #: them): node -> (the class of the router's outputs, the router's weight)
         self.routed: dict[str, tuple[int, str | None]] = {}
@@ -437,6 +442,8 @@ class _Reader:
         if isinstance(idx, int) and isinstance(seq, list) and seq and isinstance(seq[0], list):
             self.lay[n.name] = seq[idx]
             self.feature[n.name] = self.feat(x)
+            if x.name in self.pieces_of:
+                self.linear_piece[n.name] = (self.pieces_of[x.name][0], idx)
             return None
         if shape is not None:
             self.lay[n.name] = self.fresh_layouts(shape)
@@ -480,6 +487,8 @@ class _Reader:
         lay = self.L(x)
         if lay is None:
             return self.opaque(n, _opname(n))
+        if isinstance(x, fx.Node) and x.name in self.linear_out and dim == len(lay) - 1:
+            self.pieces_of[n.name] = (self.linear_out[x.name], len(sizes))  # a fused gate/up split in two
         out, pos = [], 0
         for s in sizes:
             piece = list(lay)
@@ -720,8 +729,13 @@ class _Reader:
             self.ax.tag([x for j in both for x in out[j]], "product")
             # a per-position scalar (a norm's 1/rms) broadcast along the features is not a product of features
             for x, other in ((a, b), (b, a)):
-                if x.name in self.linear_out and other.name not in self.linear_out and op == "mul":
+                if op != "mul" or (_shape(other) or (1,))[-1] != shape[-1]:
+                    continue  # a per-row weight (a router's probability) scales rows, not units
+                if x.name in self.linear_out and other.name not in self.linear_out:
                     self.facts.gates.append((n.name, self.linear_out[x.name], other.name))
+                elif x.name in self.linear_piece and other.name not in self.linear_piece and other.name not in self.linear_out:
+                    weight, piece = self.linear_piece[x.name]
+                    self.facts.gates.append((n.name, weight, other.name, piece, x.name))
             return None
         f = a if fa else b if fb else None
         if f is None:
@@ -828,6 +842,7 @@ class _Reader:
         roles.setdefault(amap[2], set()).add("co")
         roles.setdefault(amap[0], set()).add("expert")
         self.facts.experts.append(ExpertUse(own, amap[0], amap[1], amap[2], router, atom, x.name, n.name))
+        self.linear_out[n.name] = own
 
     op__grouped_mm = op_grouped_mm_fallback
 
@@ -854,6 +869,7 @@ class _Reader:
             self.facts.linears.append(Linear(own, r_axis, w_axis, None, b.name, n.name))
         else:
             self.facts.experts.append(ExpertUse(own, e_axis, r_axis, w_axis, router, atom, b.name, n.name))
+        self.linear_out[n.name] = own
         return True
 
     # -- nonlinear and reductions ------------------------------------------------------
