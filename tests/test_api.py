@@ -43,3 +43,27 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
         assert "no_such_thing" in str(e)
     else:  # pragma: no cover
         raise AssertionError("symspec.no_such_thing resolved")
+
+
+def test_every_package_is_installed_by_pyproject() -> None:
+    """A package folder missing from pyproject's explicit list works in an editable
+    install and vanishes from a wheel (symspec.inference and symspec.width once did)."""
+    from pathlib import Path
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {"symspec": root / "symspec", "symspec.analyzers": root / "analyzers", "symspec.cli": root / "cli",
+               "symspec.specs": root / "specs"}
+    found = set()
+    for name, folder in folders.items():
+        for init in folder.rglob("__init__.py"):
+            rel = init.parent.relative_to(folder)
+            if any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
+                continue
+            found.add(".".join([name, *rel.parts]))
+    assert found - listed == set(), f"packages pyproject.toml does not install: {sorted(found - listed)}"
+    assert listed - found == set(), f"pyproject.toml lists packages that do not exist: {sorted(listed - found)}"
