@@ -1,4 +1,5 @@
-"""The fitted lift against a random one, on the same pairs of models of different widths.
+"""The fitted lifts (on weights, on activations) against a random one, on the same pairs
+of models of different widths.
 
     python bench/bench_lift.py [--seeds 0 1 2] [--out bench/results/lift.json]
 
@@ -8,9 +9,13 @@ Pairs (random weights from small configs, nothing downloads; tests/zoo.py):
   spec's group: what alignment should recover exactly;
 - independent: A and B built from different seeds.
 
-For each, B is aligned to A by weight matching after a random lift and after the fitted
-lift (symspec.width), and the relative squared weight distance ||A - g.lift(B)||^2 / ||A||^2
-is reported (mean over seeds), with the time of each.
+For each, B is aligned to A by weight matching after a random lift, after the lift
+fitted on the weights and after the lift fitted on activations (``lift="activation"``:
+data are 8 batches of random token sequences of the family's test inputs; the alignment
+after it is still weight matching, so the columns differ only in the lift), and the
+relative squared weight distance ||A - g.lift(B)||^2 / ||A||^2 is reported (mean over
+seeds), with the time of each. Planted pairs are built in float32 (as a saved model
+would be) and in float64 (``planted64``: recovery to rounding is the claim).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +35,12 @@ from trained import command_line, write_results  # noqa: E402
 
 CASES = {
     "nanogpt": (dict(n_head=2, head_dim=4, n_ff=12), dict(n_head=3, head_dim=4, n_ff=20)),
+    "nanogpt-wider-heads": (dict(n_head=2, head_dim=4, n_ff=12), dict(n_head=3, head_dim=6, n_ff=20)),
     "llama": (dict(n_head=4, n_kv=2, head_dim=4, n_ff=12), dict(n_head=4, n_kv=2, head_dim=4, n_ff=16)),
+    "llama-gqa": (dict(n_head=4, n_kv=2, head_dim=4, n_ff=12), dict(n_head=8, n_kv=4, head_dim=4, n_ff=16)),
     "gpt2": (dict(n_head=2, head_dim=4), dict(n_head=3, head_dim=4)),
 }
+LIFTS = ("random", "fitted", "activation")
 
 
 def relative(result: Any) -> float:
@@ -57,30 +66,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "lift.json"))
     args = ap.parse_args(argv)
     rows = []
-    for fam, (kb, ka) in CASES.items():
+    for case, (kb, ka) in CASES.items():
+        fam = case.split("-")[0]
         spec = load_spec(fam)
-        for kind in ("planted", "independent"):
-            got: dict[str, list[float]] = {"random": [], "fitted": []}
-            secs: dict[str, float] = {"random": 0.0, "fitted": 0.0}
+        for kind in ("planted", "planted64", "independent"):
+            got: dict[str, list[float]] = {h: [] for h in LIFTS}
+            secs: dict[str, float] = {h: 0.0 for h in LIFTS}
             for seed in args.seeds:
                 b, _ = ZOO[fam](seed=seed, **kb)
-                if kind == "planted":
+                if kind == "planted64":
+                    b = b.double()
+                data = types.SimpleNamespace(batches=[(ZOO[fam](seed=100 * seed + i, **kb)[1], None) for i in range(8)])
+                if kind.startswith("planted"):
                     shape, _ = ZOO[fam](seed=1000 + seed, **ka)
-                    a = plant(lift(b, shape, spec, seed=100 + seed, dtype=torch.float32).model, spec, seed=200 + seed).model
+                    dtype = torch.float64 if kind == "planted64" else torch.float32
+                    a = plant(lift(b, shape, spec, seed=100 + seed, dtype=dtype).model, spec, seed=200 + seed).model
                 else:
                     a, _ = ZOO[fam](seed=1000 + seed, **ka)
-                for how in ("random", "fitted"):
+                for how in LIFTS:
                     t = time.perf_counter()
-                    got[how].append(relative(align(a, b, spec, lift=how, lift_seed=seed)))
+                    got[how].append(relative(align(a, b, spec, lift=how, lift_seed=seed,
+                                                   data=data if how == "activation" else None)))
                     secs[how] += time.perf_counter() - t
-            row = {"family": fam, "pairs": kind, "narrow": kb, "wide": ka,
+            row = {"case": case, "family": fam, "pairs": kind, "narrow": kb, "wide": ka,
                    **{f"{h}_relative_distance": sum(v) / len(v) for h, v in got.items()},
                    **{f"{h}_all": v for h, v in got.items()}, **{f"{h}_seconds": s / len(args.seeds) for h, s in secs.items()}}
             rows.append(row)
-            print(f"{fam:<8} {kind:<12} random lift {row['random_relative_distance']:.3e}  fitted lift "
-                  f"{row['fitted_relative_distance']:.3e}  ({row['random_seconds']:.1f} s / {row['fitted_seconds']:.1f} s per pair)",
-                  flush=True)
-    write_results(Path(args.out), {"benchmark": "fitted vs random lift, then weight matching",
+            print(f"{case:<20} {kind:<12} " + "  ".join(f"{h} {row[h + '_relative_distance']:.3e}" for h in LIFTS)
+                  + "  (" + " / ".join(f"{row[h + '_seconds']:.1f}" for h in LIFTS) + " s per pair)", flush=True)
+    write_results(Path(args.out), {"benchmark": "fitted (weights, activations) vs random lift, then weight matching",
                                    "command": command_line("bench_lift.py", argv), "rows": rows})
     return 0
 

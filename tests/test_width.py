@@ -153,8 +153,8 @@ def _relative_distance(result: Any) -> float:
 def test_planted_recovery_across_widths_needs_the_fitted_lift(wide_kw: dict[str, Any]) -> None:
     """Aligning B to A = g . lift(B) recovers A exactly with the fitted lift (more heads,
     a wider residual, more units); a random lift copies the wrong units and heads with the
-    wrong shares, which no group element undoes. (Wider heads lift exactly too, but their
-    planted recovery is not exact yet: docs/width.md.)"""
+    wrong shares, which no group element undoes (float32 here; float64, more families and
+    wider heads: below)."""
     from symspec.alignment import align
 
     narrow, wide, _ = _planted("nanogpt", dict(n_head=2, head_dim=4, n_ff=12), wide_kw)
@@ -163,6 +163,102 @@ def test_planted_recovery_across_widths_needs_the_fitted_lift(wide_kw: dict[str,
     assert fitted.info["lift"]["how"] == "fitted" and set(fitted.info["lift"]["spaces"]) >= {"resid", "ff[0]", "attn[0]"}
     assert _relative_distance(fitted) < 1e-9
     assert _relative_distance(random) > 1e-4
+
+
+#: family -> (narrow sizes, wide sizes) for exact planted recovery in float64: more heads
+#: (Llama: more key/value heads, GQA kept), a wider residual, more units, wider heads
+PLANTED: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "nanogpt": (dict(n_head=2, head_dim=4, n_ff=12), dict(n_head=3, head_dim=4, n_ff=20)),
+    "gpt2": (dict(n_head=2, head_dim=4), dict(n_head=3, head_dim=4)),
+    "llama": (dict(n_head=4, n_kv=2, head_dim=4, n_ff=12), dict(n_head=8, n_kv=4, head_dim=4, n_ff=16)),
+    "llama-units": (dict(n_head=4, n_kv=2, head_dim=4, n_ff=12), dict(n_head=4, n_kv=2, head_dim=4, n_ff=16)),
+    "nanogpt-wider-heads": (dict(n_head=2, head_dim=4, n_ff=12), dict(n_head=3, head_dim=6, n_ff=20)),
+    "opt": (dict(n_head=2, head_dim=4, n_ff=12), dict(n_head=4, head_dim=4, n_ff=20)),
+}
+
+
+def _planted64(case: str, seed: int = 0) -> tuple[str, Any, Any, Any]:
+    """(family, B, A, inputs) in float64: A = g . lift(B), a random lift (copies, shares,
+    Stiefel maps) and a random element g (permutations, residual rotation, per-head maps,
+    the gated units' scalings)."""
+    from symspec.planting import plant
+
+    family = case.split("-")[0]
+    spec = load_spec(family)
+    narrow_kw, wide_kw = PLANTED[case]
+    narrow, inputs = ZOO[family](seed=seed, **narrow_kw)
+    narrow = narrow.double()
+    shape, _ = ZOO[family](seed=1000 + seed, **wide_kw)
+    base = lift(narrow, shape, spec, seed=100 + seed, dtype=torch.float64).model
+    return family, narrow, plant(base, spec, seed=200 + seed).model, inputs
+
+
+@pytest.mark.parametrize("case", list(PLANTED))
+def test_planted_recovery_across_widths_is_exact_in_float64(case: str) -> None:
+    """B narrower, A = g . lift(B): aligning B to A (fitted lift, then weight matching)
+    recovers A to rounding, for GQA with rotary heads, gated units with their scalings,
+    ReLU units with theirs, and heads wider than B's; a random lift does not."""
+    from symspec.alignment import align
+
+    family, narrow, wide, _ = _planted64(case)
+    fitted = align(wide, narrow, family, lift="fitted")
+    assert _relative_distance(fitted) <= 1e-8
+    random = align(wide, narrow, family, lift="random", lift_seed=3)
+    assert _relative_distance(random) > 1e-4  # copies drawn at random: no group element undoes them
+
+
+def test_wider_heads_alone_are_recovered_even_from_a_random_lift() -> None:
+    """A random Stiefel map inside a wider head is undone by the head's GL maps (B's rows
+    span dh_B of A's dh_A dims, the rest of the map is anchored), so with no copies a
+    random lift recovers A too; the wide model's heads are rank-deficient, which broke
+    the per-head GL solve before (a map nearly singular where the Gram is rounding noise)."""
+    from symspec.alignment import align
+    from symspec.planting import plant
+
+    spec = load_spec("nanogpt")
+    narrow, _ = ZOO["nanogpt"](n_head=2, head_dim=4, n_ff=12)
+    narrow = narrow.double()
+    shape, _ = ZOO["nanogpt"](seed=1, n_head=2, head_dim=6, n_ff=12)
+    wide = plant(lift(narrow, shape, spec, seed=5, dtype=torch.float64).model, spec, seed=6).model
+    assert _relative_distance(align(wide, narrow, "nanogpt", lift="random", lift_seed=9)) <= 1e-8
+    # the same pair with the head maps left out of the search is not recovered
+    assert _relative_distance(align(wide, narrow, "nanogpt", lift="random", lift_seed=9, groups="attn=perm")) > 1e-4
+
+
+def test_the_activation_fitted_lift() -> None:
+    """With data, the lift is fitted on activations (residual map from the residual
+    sites, unit copies and scales from the hidden units): it keeps B's function, and on a
+    planted pair weight matching after it recovers A exactly; without data it is refused."""
+    import types
+
+    from symspec.alignment import align
+    from symspec.errors import SymspecInputError
+    from symspec.width import fitted_lift
+
+    family, narrow, wide, inputs = _planted64("llama-units")
+    data = types.SimpleNamespace(batches=[(ZOO[family](seed=s)[1], None) for s in range(4)])
+    fl = fitted_lift(narrow, wide, load_spec(family), data=data, inputs=inputs)
+    assert fl.error is not None and fl.error < 1e-12
+    assert _relative_distance(align(wide, fl.model, family)) <= 1e-8
+    res = align(wide, narrow, family, method="activation", data=data, lift="activation")
+    assert res.info["lift"]["how"] == "activation"
+    with pytest.raises(SymspecInputError, match="needs data"):
+        align(wide, narrow, family, lift="activation")
+
+
+def test_a_scaled_unit_lift_keeps_the_function_and_a_wrong_scale_is_no_element() -> None:
+    """A fitted lift may scale a gated unit's copies (the D space lifts to a diagonal of
+    the wide width, applied after the copies): B's function is kept; a scale of the
+    wrong size, or a zero one, is refused."""
+    narrow, inputs = ZOO["llama"](n_ff=12)
+    wide, _ = ZOO["llama"](seed=1, n_ff=16)
+    spec = load_spec("llama")
+    s = torch.linspace(-2.0, 3.0, 16, dtype=torch.float64)
+    s = torch.where(s == 0, 0.5, s)
+    out = lift(narrow, wide, spec, fixed={"up[0]": {"scale": s}}, inputs=inputs)
+    assert out.error < 1e-12 and out.lifts["up[0]"].kind == "scale"
+    with pytest.raises(LiftError, match="no element"):
+        lift(narrow, wide, spec, fixed={"up[0]": {"scale": torch.zeros(16, dtype=torch.float64)}})
 
 
 def test_aligned_b_of_another_width_keeps_b_s_function() -> None:

@@ -13,7 +13,12 @@
 2. With grouped-query attention (K < H) the assignment is nested: for every pair of
    key/value groups, an inner assignment of their query heads; then the outer one.
 3. With the permutation fixed, each part's within-head elements are solved by the
-   within group's own solver, batched over the K key/value heads.
+   within group's own solver, batched over the K key/value heads. A GL part whose
+   statistics do not reach every direction of the head (a head of A wider than what B
+   writes into it: B lifted into wider heads, where B's rows span dh_B of A's dh_A dims)
+   is anchored there (:func:`_anchor_terms`): left alone, the GL solve finds the
+   directions where the Gram is only rounding noise, and a map nearly singular there
+   turns that noise into an objective below zero.
 
 The aligned model keeps its architecture: no head is widened or split.
 """
@@ -164,6 +169,52 @@ def _within_terms(group: Heads, name: str, pts: list[tuple[Term, bool]], perm: t
     return out
 
 
+#: a direction of a head whose Gram eigenvalue is below this many eps (of the statistics'
+#: dtype) of the Gram's trace carries nothing but rounding: it is anchored
+ANCHOR_EPS = 64.0
+
+
+def _anchor_terms(terms: list[Term], x_ref: torch.Tensor) -> list[Term]:
+    """Terms that keep each within-head GL map X [K, dh, dh] at ``x_ref`` (the warm
+    start) in the directions its data leave undetermined, one per variance present.
+
+    Per variance, with B's summed Gram G = U diag(s) U^T and the noise floor
+    tau = ANCHOR_EPS eps tr(G), the term is ||X_ref b - X b||^2 (co; for contra the
+    same in X^-T and X_ref^-T) for the pseudo-data b = U diag(sqrt(max(tau - s, 0))):
+    it lifts the eigenvalues below the floor (zero, or negative from rounding) to it
+    and leaves every other direction as it was, so a full-rank head solves the same
+    problem as before. Where the data determine X only up to a map of the undetermined
+    directions (B's head rows span part of A's head: the solutions form a family), the
+    anchor picks one member, invertible and no farther from ``x_ref`` than it need be;
+    the objective on the data is the same for every member. Only float64 statistics are
+    anchored (see the code); where only one side is deficient, the other side's data can
+    determine a direction the anchor pulls on, with a bias of the order of the floor."""
+    out: list[Term] = []
+    x = x_ref.to(torch.float64)
+    for variance in ("co", "contra"):
+        sel = [t for t in terms if t.variance == variance]
+        if not sel:
+            continue
+        dtype = sel[0].cross().dtype
+        if dtype != torch.float64:
+            # float32 statistics carry noise at 1e-7 of their size: an anchor above it
+            # would bias what the data do determine (and changes what float32 matching
+            # did before); there, the GL solve is left as it was
+            continue
+        g = torch.stack([t.gram().to(torch.float64) for t in sel]).sum(0)
+        s, u = torch.linalg.eigh(g)
+        tau = ANCHOR_EPS * torch.finfo(dtype).eps * torch.diagonal(g, dim1=-2, dim2=-1).sum(-1).clamp_min(0)
+        lift = (tau[:, None] - s).clamp_min(0)  # [K, dh]
+        if not bool((lift > 0).any()):
+            continue
+        ref = x if variance == "co" else torch.linalg.inv(x).mT
+        b = u * lift.sqrt()[:, None, :]  # the pseudo-data: columns u_i sqrt(lift_i)
+        a = ref @ b
+        out.append(StatTerm((), variance, (a @ b.mT).to(dtype), (b @ b.mT).to(dtype), a.square().sum(-1).to(dtype),
+                            gram_a=(a @ a.mT).to(dtype)))
+    return out
+
+
 @solver("Heads", cheap_apply=True)
 def solve_heads(group: Group, terms: list[Term], current: Element, ctx: SolveContext) -> Element:
     return solve_heads_many(group, [(terms, current)], ctx)[0]
@@ -197,6 +248,8 @@ def solve_heads_many(group: Group, problems: list[tuple[list[Term], Element]], c
             if not pts:
                 continue
             wterms = _within_terms(group, name, pts, perm, qperm)
+            if group.part(name).kind == "GL":
+                wterms += _anchor_terms(wterms, start[name]["matrix"])
             sig = tuple((t.path, t.variance) for t in wterms)
             within.setdefault(name, {}).setdefault(sig, []).append((i, wterms, start[name]))
     solved: list[dict[str, Element]] = [dict(s) for s in starts]

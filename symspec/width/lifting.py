@@ -20,7 +20,11 @@ writer:
   (dh_A / dh_B)^(1/4) per side so that q.k / sqrt(dh) is unchanged (rotary heads must
   keep their width);
 - scalings (``D``, ``Dpos``, ``Sign``): the identity (the unit lift beside them carries
-  the width).
+  the width), or, for ``D`` and ``Dpos``, a diagonal map of the wide width applied after
+  the unit lift (``write = diag(s)``, ``read = diag(1 / s)``; positive for ``Dpos``): a
+  copy of a gated unit's up path (or of a ReLU unit) scaled, its outgoing weight
+  unscaled, as a fitted lift chooses (a scaling is a group element of the wide model, so
+  the lift followed by it is a lift).
 
 The lift acts on B's canonical form (norms folded, writers centred) and writes A's
 canonical structure (a tie the spec unties stays untied); norm parameters that the fold
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import attrs
@@ -58,7 +62,7 @@ class SpaceLift:
     """How one space was lifted: its kind, the widths, and the maps (dense)."""
 
     space: str
-    kind: str  # stiefel | semiperm | heads | identity
+    kind: str  # stiefel | semiperm | heads | scale | identity
     narrow: int
     wide: int
     write: torch.Tensor | None = None
@@ -95,14 +99,21 @@ def stiefel(n_wide: int, n_narrow: int, gen: torch.Generator, dtype: torch.dtype
 
 
 def plain_lift(name: str, narrow: Any, wide: Any, gen: torch.Generator, *, stiefel_map: torch.Tensor | None = None,
-               semiperm: torch.Tensor | None = None) -> SpaceLift:
+               semiperm: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> SpaceLift:
     """The lift of one non-head space (see the module); ``stiefel_map`` or ``semiperm``
-    fix the map instead of drawing it (a fitted lift)."""
+    fix the map instead of drawing it (a fitted lift); ``scale`` (wide width): the
+    scaling a ``D``/``Dpos`` space applies after the unit lift beside it."""
     nb, na = narrow.n, wide.n
     if type(narrow) is not type(wide):
         raise LiftError(f"{name}: the narrow model's group {narrow} and the wide model's {wide} are of different kinds")
     if na < nb:
         raise LiftError(f"{name}: the first model ({na}) is narrower than the second ({nb}); lift the narrower one into the wider")
+    if scale is not None:
+        s = scale.to(torch.float64)
+        if not isinstance(narrow, (D, Dpos)) or s.shape != (na,) or not bool(torch.isfinite(s).all()) or \
+                not bool((s > 0).all() if isinstance(narrow, Dpos) else (s != 0).all()):
+            raise LiftError(f"{name}: a scale of shape {tuple(s.shape)} is no element of {wide}")
+        return SpaceLift(name, "scale", nb, na, torch.diag(s), torch.diag(1 / s), {"scale": s})
     if isinstance(narrow, (D, Dpos, Sign)):
         return SpaceLift(name, "identity", nb, na)
     if na == nb and stiefel_map is None and semiperm is None:
@@ -179,9 +190,9 @@ def _action(lift: SpaceLift) -> Action:
         elif variance == "contra":
             m = lift.read
         else:  # a gain (|rho|): copies of a unit keep its gain
-            if lift.kind != "semiperm":
+            if lift.kind not in ("semiperm", "scale"):
                 raise LiftError(f"{lift.space}: a parameter bound with abs() cannot be lifted by a {lift.kind} map")
-            m = lift.write
+            m = lift.write.abs() if lift.write is not None else None
         assert m is not None
         m = m.to(dtype=x.dtype, device=x.device)
         return (m @ x.reshape(x.shape[0], -1)).reshape(m.shape[0], *x.shape[1:])
@@ -194,8 +205,10 @@ def canonical_f64(bound: BoundSpec, model: torch.nn.Module) -> dict[str, torch.T
     return canonicalize_state_dict(bound, {k: v.detach().double() for k, v in model.state_dict().items()})
 
 
-def lift_tensor(binding_b: ParamBinding, binding_a: ParamBinding, x: torch.Tensor, actions: Mapping[str, Action]) -> torch.Tensor:
-    """One of B's parameters in A's shape: each bound axis mapped segment by segment."""
+def lift_tensor(binding_b: ParamBinding, binding_a: ParamBinding, x: torch.Tensor, actions: Mapping[str, Action],
+                late: Collection[str] = ()) -> torch.Tensor:
+    """One of B's parameters in A's shape: each bound axis mapped segment by segment.
+    The spaces in ``late`` (scalings of the wide width) act after the others."""
     axes_a = {ab.axis: ab for ab in binding_a.axes}
     for ab in binding_b.axes:
         moved = x.movedim(ab.axis, 0)
@@ -204,7 +217,8 @@ def lift_tensor(binding_b: ParamBinding, binding_a: ParamBinding, x: torch.Tenso
         pieces = []
         for seg in ab.segments:
             y = moved[seg.start : seg.stop]
-            for f in reversed(seg.factors):
+            order = list(reversed(seg.factors))
+            for f in [f for f in order if f.space not in late] + [f for f in order if f.space in late]:
                 y = actions[f.space](y, f.path, f.variance)
             pieces.append(y)
         moved = torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
@@ -245,6 +259,7 @@ def lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, seed: in
         else:
             lifts[name] = plain_lift(name, gb, ga, gen, **kw)
     actions = {name: _action(sl) for name, sl in lifts.items()}
+    late = {name for name, sl in lifts.items() if sl.kind == "scale"}
     sd_b = canonical_f64(bb, narrow)
     out = copy.deepcopy(wide).to(torch.float64)
     canonicalize_structure(ba, out)
@@ -256,7 +271,7 @@ def lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, seed: in
         x = sd_b[key]
         binding_b, binding_a = pb.params.get(key), pa.params.get(key)
         if binding_b is not None and binding_b.axes:
-            y = lift_tensor(binding_b, binding_a or binding_b, x, actions)
+            y = lift_tensor(binding_b, binding_a or binding_b, x, actions, late)
         elif tuple(x.shape) == tuple(t_a.shape):
             y = x
         elif x.numel() and bool((x == x.reshape(-1)[0]).all()):
