@@ -75,7 +75,7 @@ def test_bound_below_the_brute_force_optimum_below_the_result(h: int, k: int, se
     spec = loads_spec(MLP_SPEC, "mlp.yaml")
     a, b = MLP(3, h, k, seed), MLP(3, h, k, seed + 1)
     result = align(a, b, spec)
-    cert = result.certify()
+    cert = result.certify(per_space=False, joint=False)
     assert cert.available
     best = _brute(spec, a, b)
     assert cert.bound <= best + 1e-9
@@ -107,9 +107,9 @@ def test_independent_pairs_have_a_positive_gap_and_the_bound_is_not_trivial() ->
 def test_no_bound_for_groups_that_are_not_norm_preserving() -> None:
     model_a, _ = ZOO["nanogpt"]()
     model_b, _ = ZOO["nanogpt"](seed=1)
-    cert = align(model_a, model_b, "nanogpt").certify()  # GL per head: not norm-preserving
+    cert = align(model_a, model_b, "nanogpt").certify(joint=False)  # GL per head: not norm-preserving
     assert not cert.available and cert.bound is None and "GL" in cert.reason
-    cert = align(model_a, model_b, "nanogpt", groups="perm").certify()
+    cert = align(model_a, model_b, "nanogpt", groups="perm").certify(joint=False)
     assert cert.available and 0 <= cert.bound <= cert.value
 
 
@@ -132,6 +132,223 @@ def test_match_certify_in_the_report(tmp_path: Any) -> None:
     assert code == 0, err
     cert = json.loads((tmp_path / "o" / "match.json").read_text())["certificate"]
     assert cert["available"] and 0 <= cert["lower_bound"] <= cert["objective"] and "certificate:" in out
+    assert {s["space"] for s in cert["per_space"]} == {"resid", "attn[0]", "attn[1]", "ff[0]", "ff[1]"}
+    assert cert["joint"] and all("available" in j for j in cert["joint"]) and "per space" in out
     code, out, err = run("match", a, b, "--model", factory, "--out", tmp_path / "o2", "--certify")
     assert code == 0, err
-    assert not json.loads((tmp_path / "o2" / "match.json").read_text())["certificate"]["available"]
+    cert = json.loads((tmp_path / "o2" / "match.json").read_text())["certificate"]
+    assert not cert["available"]
+    assert {s["space"]: s["kind"] for s in cert["per_space"]}["attn[0]"] == "relaxation"
+
+
+# -- per-space bounds, the joint relaxation, lifted pairs ----------------------------------------
+
+REC_SPEC = """
+symspec: 1
+name: rec
+dims:
+  h: shape("fc1.weight", 0)
+spaces:
+  hid: S(h)
+params:
+  fc1.weight: [hid, _]
+  mix.weight: [hid, hid*]
+  fc2.weight: [_, hid*]
+"""
+
+
+class Rec(nn.Module):
+    """A hidden layer read by a square one: the space acts on both axes of mix.weight."""
+
+    def __init__(self, h: int, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc1 = nn.Linear(3, h, bias=False)
+        self.mix = nn.Linear(h, h, bias=False)
+        self.fc2 = nn.Linear(h, 2, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.mix(torch.relu(self.fc1(x)))))
+
+
+def _f64(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.double() for k, v in model.state_dict().items()}
+
+
+def _brute_space(result: Any, space: str) -> float:
+    """min over the permutations of one space, the others at the result, of the
+    objective of the parameters it touches."""
+    problem = result.bound.problem
+    params = problem.params_of(space)
+    n = problem.spaces[space].group.n
+    best = float("inf")
+    for p in itertools.permutations(range(n)):
+        elems = dict(result.elements)
+        elems[space] = {"perm": torch.tensor(p)}
+        moved = apply_elements(problem, elems, result.canonical_b)
+        best = min(best, squared_distance(result.canonical_a, moved, params))
+    return best
+
+
+@settings(max_examples=6, deadline=None)
+@given(h=st.integers(2, 5), k=st.integers(2, 4), seed=st.integers(0, 2**16))
+def test_per_space_bounds_equal_the_brute_force_over_that_space(h: int, k: int, seed: int) -> None:
+    """Permutation spaces are exact: bound == min over that space (brute force) <= value."""
+    spec = loads_spec(MLP_SPEC, "mlp.yaml")
+    result = align(MLP(3, h, k, seed), MLP(3, h, k, seed + 1), spec)
+    cert = result.certify(joint=False)
+    assert {s.space for s in cert.per_space} == {"hid", "hid2"}
+    for s in cert.per_space:
+        best = _brute_space(result, s.space)
+        assert s.kind == "exact"
+        assert abs(s.bound - best) < 1e-9 and best <= s.value + 1e-9
+        assert s.optimal == (s.value - best <= 1e-9)
+
+
+@settings(max_examples=4, deadline=None)
+@given(h=st.integers(2, 4), k=st.integers(2, 3), seed=st.integers(0, 2**16))
+def test_joint_sdp_below_the_brute_force_optimum(h: int, k: int, seed: int) -> None:
+    spec = loads_spec(MLP_SPEC, "mlp.yaml")
+    a, b = MLP(3, h, k, seed), MLP(3, h, k, seed + 1)
+    cert = align(a, b, spec).certify(per_space=False)
+    (joint,) = cert.joint
+    assert joint.available and joint.whole and joint.size == h * h + k * k
+    best = _brute(spec, a, b)
+    assert joint.bound <= best + 1e-9 <= cert.value + 2e-9
+    assert cert.bound <= best + 1e-9
+
+
+def test_joint_sdp_is_tighter_than_the_decoupled_bound() -> None:
+    """Measured, not assumed: on these independent pairs the SDP closes most of the
+    decoupled bound's gap to the brute-force optimum (here it reaches it to 1e-6)."""
+    spec = loads_spec(MLP_SPEC, "mlp.yaml")
+    for seed in (0, 2):
+        a, b = MLP(3, 5, 4, seed), MLP(3, 5, 4, seed + 1)
+        result = align(a, b, spec)
+        cert = result.certify(per_space=False)
+        best = _brute(spec, a, b)
+        sdp = cert.joint[0].bound
+        assert cert.bound < 0.5 * best  # the decoupled bound is loose
+        assert best - 1e-6 <= sdp <= best + 1e-9
+        assert cert.best_bound() == sdp
+    # seed 0: weight matching stops above the optimum, and only the SDP proves it
+    assert cert.value - sdp > 1e-3 or seed == 2
+
+
+def test_quadratic_space_relaxation_and_a_wrong_bound_caught() -> None:
+    """A space on both axes of a parameter: the doubly stochastic relaxation is below the
+    brute-force optimum (and not tight: a relaxation); the SDP is below it too. A
+    naive per-space bound from weight matching's linearised terms (each incidence with
+    the other one fixed) is not a bound: the brute force catches it."""
+    from symspec.solvers.base import SolveContext, objective, solver_for
+    from symspec.solvers.weight_statistics import WeightStatistics
+
+    spec = loads_spec(REC_SPEC, "rec.yaml")
+    a, b = Rec(5, 0), Rec(5, 1)
+    result = align(a, b, spec)
+    cert = result.certify()
+    best = _brute_space(result, "hid")
+    (s,) = cert.per_space
+    assert s.kind == "relaxation" and "doubly stochastic" in s.method
+    assert s.bound <= best + 1e-9 <= s.value + 2e-9
+    assert best - s.bound > 0.1  # not tight here
+    assert cert.joint[0].bound <= best + 1e-9 and best - cert.joint[0].bound < 1e-6
+    problem = result.bound.problem
+    stats = WeightStatistics(problem, result.canonical_a, result.canonical_b, SolveContext(), init=result.elements)
+    group = problem.spaces["hid"].group
+    terms = stats.terms("hid")
+    naive = float(objective(group, terms, solver_for(group).solve(group, terms, group.identity(), SolveContext())))
+    assert naive > best + 1.0  # caught
+
+
+def test_an_inaccurate_sdp_solve_still_gives_a_valid_bound(monkeypatch: Any) -> None:
+    """The joint bound is certified by weak duality with the multipliers the solver
+    returns: three SCS iterations give a loose bound, never a wrong one."""
+    import symspec.solvers.certify_joint as cj
+
+    spec = loads_spec(REC_SPEC, "rec.yaml")
+    result = align(Rec(5, 0), Rec(5, 1), spec)
+    monkeypatch.setattr(cj, "SCS_ITERS", 3)
+    loose = result.certify(per_space=False).joint[0].bound
+    assert 0 <= loose < _brute_space(result, "hid") - 1.0
+
+
+def test_planted_pairs_give_zero_gaps_everywhere() -> None:
+    from symspec.planting import plant
+
+    spec = loads_spec(MLP_SPEC, "mlp.yaml")
+    a = MLP(4, 5, 4, 0)
+    cert = align(a, plant(a, spec, seed=3).model, spec).certify()
+    assert all(abs(s.gap) < 1e-9 and s.optimal for s in cert.per_space)
+    (joint,) = cert.joint
+    assert joint.available and joint.value < 1e-9 and abs(joint.gap) < 1e-6
+
+
+def test_gl_heads_get_a_per_space_bound() -> None:
+    """nanoGPT's default groups (GL per head): per-space bounds instead of 'not
+    available'; a planted pair has gap 0 in every space; the GL relaxation is below the
+    objective at random within-head elements (its minimum is not known)."""
+    from symspec.planting import plant
+
+    model_a, _ = ZOO["nanogpt"]()
+    model_b, _ = ZOO["nanogpt"](seed=1)
+    result = align(model_a, model_b, "nanogpt")
+    cert = result.certify(joint=False)
+    assert not cert.available  # the global decoupled bound still needs orthogonal groups
+    kinds = {s.space: s for s in cert.per_space}
+    assert set(kinds) == {"resid", "attn[0]", "attn[1]", "ff[0]", "ff[1]"}
+    assert kinds["attn[0]"].kind == "relaxation" and kinds["resid"].kind == "exact" and kinds["ff[0]"].kind == "exact"
+    assert all(0 <= s.bound <= s.value + s.noise for s in cert.per_space)
+    problem = result.bound.problem
+    group = problem.spaces["attn[0]"].group
+    params = problem.params_of("attn[0]")
+    for seed in range(5):
+        elems = dict(result.elements)
+        elems["attn[0]"] = group.sample(seed)
+        moved = apply_elements(problem, elems, result.canonical_b)
+        assert kinds["attn[0]"].bound <= squared_distance(result.canonical_a, moved, params)
+    planted = align(model_a, plant(model_a, "nanogpt", seed=2).model, "nanogpt").certify(joint=False)
+    assert all(s.gap < 1e-6 * max(1.0, s.value) for s in planted.per_space)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), positive=st.booleans())
+def test_diagonal_scaling_bound_is_the_minimum_per_unit(seed: int, positive: bool) -> None:
+    """D/Dpos per unit: the quartic's roots give the minimum of f(d) = -2 c d + g d^2 -
+    2 c'/d + g'/d^2; a dense grid never goes below it and comes close to it."""
+    from symspec.solvers.certify_space import _unit_min
+
+    gen = torch.Generator().manual_seed(seed)
+    a, b, a2, b2 = (torch.randn(4, generator=gen, dtype=torch.float64) for _ in range(4))
+    c1, g2, cc, gc = float(a @ b), float(b @ b), float(a2 @ b2), float(b2 @ b2)
+    signs = (1.0,) if positive else (1.0, -1.0)
+    bound = min(_unit_min(c1, g2, cc, gc, s) for s in signs)
+    d = torch.logspace(-3, 3, 200001, dtype=torch.float64)
+    d = d if positive else torch.cat([d, -d])
+    grid = float((-2 * c1 * d + g2 * d * d - 2 * cc / d + gc / (d * d)).min())
+    assert bound <= grid + 1e-9 and grid - bound < 1e-4 * (1 + abs(bound))
+
+
+def test_llama_scalings_and_rope_heads() -> None:
+    """Llama's default groups: O residual and permutations exact, D scalings exact per
+    unit, GQA heads with RoPE/GL parts relaxed; every bound below its value."""
+    model_a, _ = ZOO["llama"](n_ff=6)
+    model_b, _ = ZOO["llama"](seed=1, n_ff=6)
+    cert = align(model_a, model_b, "llama").certify()
+    kinds = {s.space: s.kind for s in cert.per_space}
+    assert kinds["up[0]"] == "exact" and kinds["mlp[0]"] == "exact" and kinds["attn[0]"] == "relaxation"
+    assert all(0 <= s.bound <= s.value + s.noise for s in cert.per_space)
+    (joint,) = cert.joint  # O(16): N = 256, beyond the limit
+    assert not joint.available and "too large" in joint.reason and "N = 256" in joint.reason
+
+
+def test_width_lifted_pairs_are_certified_as_lifted() -> None:
+    model_a, _ = ZOO["nanogpt"](n_ff=8)
+    model_b, _ = ZOO["nanogpt"](seed=1, n_ff=4)
+    result = align(model_a, model_b, "nanogpt", groups="perm")
+    assert "lift" in result.info
+    cert = result.certify(joint=False)
+    assert cert.available and "lifted" in cert.reason and "not part of the group" in cert.reason
+    assert cert.to_dict()["lift"]["spaces"]["ff[0]"] == {"from": 4, "to": 8, "kind": "semiperm"}
+    assert 0 <= cert.bound <= cert.value and all(s.bound <= s.value + s.noise for s in cert.per_space)
+    assert abs(cert.value - result.distance("aligned")) < 1e-9

@@ -157,3 +157,30 @@ def test_the_joint_solver_recovers_planted_experts_units_and_scales(seed: int, n
     got, d = solve_experts_scaling(outer, inner, terms, (outer.identity(), inner.identity()), _ctx())
     assert outer.equal(got, planted)
     assert torch.allclose(inner.matrix(d), inner.matrix(scales), atol=1e-9)
+
+
+def test_the_per_space_certificate_of_experts_is_the_brute_force_minimum() -> None:
+    """Given the other spaces, the bound for Experts(2, S(3)) is exact: it equals the
+    minimum over all 2! * 3!^2 = 72 elements of the terms the space touches, and the
+    result is no better than it."""
+    import itertools
+
+    from symspec.transforms import apply_elements
+
+    a, _ = ZOO["mixtral"](seed=0, n_ff=3, experts=2, n_layer=1)
+    b, _ = ZOO["mixtral"](seed=1, n_ff=3, experts=2, n_layer=1)
+    res = symspec.align(a.double(), b.double(), "mixtral", rounds=2)
+    sb = next(s for s in res.certify(joint=False).per_space if s.space == "moe[0]")
+    problem = res.bound.problem
+    group = problem.spaces["moe[0]"].group
+    params = problem.params_of("moe[0]")
+    best = float("inf")
+    for perm in itertools.permutations(range(2)):
+        for w0, w1 in itertools.product(itertools.permutations(range(3)), repeat=2):
+            e = group._assemble(torch.tensor(perm), torch.zeros(2, 1, dtype=torch.int64),
+                                {"": {"perm": torch.tensor([w0, w1])}, "router": Id(1).identity(batch=(2,))})
+            moved = apply_elements(problem, {**res.elements, "moe[0]": e}, res.canonical_b)
+            best = min(best, sum(float((res.canonical_a[p] - moved[p]).square().sum()) for p in params))
+    assert sb.kind == "exact"
+    assert sb.bound == pytest.approx(best, rel=1e-9, abs=1e-12)
+    assert sb.value >= best - 1e-12

@@ -107,13 +107,17 @@ class AlignResult:
         assert other is not None
         return weight_distance(self.bound, self.canonical_a, other)
 
-    def certify(self) -> Any:
-        """A lower bound on the objective's global minimum over the searched groups, and
-        this result's gap to it (:func:`symspec.solvers.certify.certify`; not available
-        when a searched group is not norm-preserving). Needs canonical B
-        (``align(keep_canonical_b=True)``, the default)."""
+    def certify(self, *, per_space: bool = True, joint: bool = True, joint_limit: int | None = None) -> Any:
+        """Lower bounds on the objective's minimum over the searched groups, and this
+        result's gaps to them (:func:`symspec.solvers.certify.certify`): the global
+        decoupled bound (not available when a searched group is not norm-preserving), per
+        space given the others (``per_space``) and a joint SDP relaxation on small sizes
+        (``joint``; lifted size at most ``joint_limit``, default
+        :data:`~symspec.solvers.certify_joint.JOINT_LIMIT`). A B lifted into A's widths is
+        certified as lifted (the lift is not part of the group; the reason says so).
+        Needs canonical B (``align(keep_canonical_b=True)``, the default)."""
         from ..groups import parse
-        from ..solvers.certify import certify
+        from ..solvers.certify import JOINT_LIMIT, certify
 
         if self.canonical_b is None:
             raise SymspecInputError("a certificate needs canonical B: align(keep_canonical_b=True)")
@@ -121,7 +125,9 @@ class AlignResult:
         spaces = {n: attrs.evolve(si, group=parse(self.searched[n])) if n in self.searched else si
                   for n, si in problem.spaces.items()}
         searched = attrs.evolve(problem, spaces=spaces)
-        return certify(problem, self.canonical_a, self.canonical_b, self.aligned_b, searched)
+        return certify(problem, self.canonical_a, self.canonical_b, self.aligned_b, searched, self.elements,
+                       per_space=per_space, joint=joint, joint_limit=JOINT_LIMIT if joint_limit is None else joint_limit,
+                       lift=self.info.get("lift"))
 
     def interpolate(self, alpha: float, *, align: bool = True) -> dict[str, torch.Tensor]:
         """``(1 - alpha) A + alpha B`` (aligned B unless ``align=False``), canonical form."""
@@ -269,14 +275,15 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
 
     Models of different widths (modules only; the same depth, B no wider than A in any
     space): B is first lifted into A's shape without changing its function
-    (:mod:`symspec.width`), with maps fitted to A (``lift="fitted"``) or drawn at random
-    (``lift="random"``, seed ``lift_seed``); ``info["lift"]`` says what was lifted, and
-    ``aligned_b`` has A's shapes.
+    (:mod:`symspec.width`), with maps fitted to A's weights (``lift="fitted"``), fitted
+    to A's activations on ``data`` (``lift="activation"``: the methods that take data) or
+    drawn at random (``lift="random"``, seed ``lift_seed``); ``info["lift"]`` says what was
+    lifted, and ``aligned_b`` has A's shapes.
     """
     m = method if isinstance(method, Method) else get_method(method)
     lifted = None
     if isinstance(model_a, torch.nn.Module) and isinstance(model_b, torch.nn.Module):
-        model_b, lifted = _lift_if_narrower(model_a, model_b, spec, lift, lift_seed)
+        model_b, lifted = _lift_if_narrower(model_a, model_b, spec, lift, lift_seed, data)
     if m.needs_data and data is None:
         raise SymspecInputError(f"the method '{m.name}' needs data (pass data=, or --data on the command line)")
     timer, t0 = Timer(), time.perf_counter()
@@ -316,7 +323,7 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
 
 
 def _lift_if_narrower(model_a: torch.nn.Module, model_b: torch.nn.Module, spec: Spec | BoundSpec | str | Path,
-                      how: str, seed: int) -> tuple[torch.nn.Module, dict[str, Any] | None]:
+                      how: str, seed: int, data: Any = None) -> tuple[torch.nn.Module, dict[str, Any] | None]:
     """B as it is when it has A's widths, else B lifted into A's shape (and what was lifted)."""
     from ..width import fitted_lift, lift_needed
     from ..width import lift as random_lift
@@ -325,9 +332,14 @@ def _lift_if_narrower(model_a: torch.nn.Module, model_b: torch.nn.Module, spec: 
     plain = spec_obj.spec if isinstance(spec_obj, BoundSpec) else spec_obj
     if not lift_needed(plain, model_a, model_b):
         return model_b, None
-    if how not in ("fitted", "random"):
-        raise SymspecInputError(f"lift={how!r}: use 'fitted' or 'random'")
-    result = fitted_lift(model_b, model_a, plain, seed=seed) if how == "fitted" else random_lift(model_b, model_a, plain, seed=seed)
+    if how not in ("fitted", "activation", "random"):
+        raise SymspecInputError(f"lift={how!r}: use 'fitted', 'activation' or 'random'")
+    if how == "activation" and data is None:
+        raise SymspecInputError("lift='activation' fits the lift on activations: it needs data (data=, with a method that takes it)")
+    if how == "random":
+        result = random_lift(model_b, model_a, plain, seed=seed)
+    else:
+        result = fitted_lift(model_b, model_a, plain, seed=seed, data=data if how == "activation" else None)
     return result.model, {"how": how, "seed": seed,
                           "spaces": {s.space: {"from": s.narrow, "to": s.wide, "kind": s.kind} for s in result.changed()}}
 

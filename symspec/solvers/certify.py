@@ -24,6 +24,22 @@ parameter), and exact on planted pairs (A = g.B: every U_p is reached, the bound
 so is the gap of a result that recovers g). It is *not available* when a searched group
 is not norm-preserving (GL maps, diagonal scalings, the RoPE commutant): then
 :func:`certify` says so and gives no number.
+
+Given the result's elements, :func:`certify` adds two more kinds of bound:
+
+- per space, the others fixed at the result (:mod:`.certify_space`): exact for the
+  groups a solver minimises exactly (assignment, Procrustes, diagonal scalings, head
+  permutations with trivial or orthogonal parts), a relaxation otherwise (GL and RoPE
+  heads by least squares per piece, a permutation on two axes of one parameter by its
+  doubly stochastic relaxation): whether the result is coordinate-wise optimal, and by
+  how much each space could still improve;
+- jointly over several spaces (:mod:`.certify_joint`): a Shor SDP relaxation over every
+  permutation, head-permutation, O and OC space when the lifted size is small
+  (``N = sum n_s^2 <= JOINT_LIMIT``), else per layer, else "not available: too large".
+
+A B that :func:`~symspec.alignment.align` lifted into A's widths (``info["lift"]``) is
+certified as lifted: the bounds are over the group acting on the lifted B; the lift is
+no part of the group, and the certificate says so.
 """
 
 from __future__ import annotations
@@ -38,6 +54,8 @@ from ..groups import SP, S
 from ..groups.classic import Sign
 from ..problem import Problem
 from ..statedict import squared_distance
+from .certify_joint import JOINT_LIMIT, JointBound, joint_bounds
+from .certify_space import SpaceBound, space_bounds
 
 
 @attrs.frozen
@@ -48,6 +66,12 @@ class Certificate:
     value: float | None = None  # F at the result
     #: per parameter, how the bound was made (procrustes, von-neumann, rearrangement, norm, exact)
     kinds: Mapping[str, int] = attrs.field(factory=dict)
+    #: per searched space, given the others at the result (empty without the elements)
+    per_space: tuple[SpaceBound, ...] = ()
+    #: the joint relaxations (empty without the elements)
+    joint: tuple[JointBound, ...] = ()
+    #: what align() lifted before aligning (None: nothing)
+    lift: Mapping[str, Any] | None = None
 
     @property
     def gap(self) -> float | None:
@@ -60,7 +84,16 @@ class Certificate:
 
     def to_dict(self) -> dict[str, Any]:
         return {"available": self.available, "reason": self.reason, "lower_bound": self.bound, "objective": self.value,
-                "gap": self.gap, "relative_gap": self.relative_gap, "bound_kinds": dict(self.kinds)}
+                "gap": self.gap, "relative_gap": self.relative_gap, "bound_kinds": dict(self.kinds),
+                "per_space": [b.to_dict() for b in self.per_space], "joint": [j.to_dict() for j in self.joint],
+                **({"lift": dict(self.lift)} if self.lift else {})}
+
+    def best_bound(self) -> float | None:
+        """The largest lower bound on the whole objective's global minimum: the decoupled
+        one, or a joint relaxation over every searched space (none fixed)."""
+        whole = [j.bound for j in self.joint if j.available and j.whole and j.bound is not None]
+        cands = ([self.bound] if self.bound is not None else []) + whole
+        return max(cands) if cands else None
 
 
 def _blockers(problem: Problem) -> list[str]:
@@ -103,20 +136,37 @@ def _upper(problem: Problem, axes: Any, a: torch.Tensor, b: torch.Tensor) -> tup
 
 
 def certify(problem: Problem, canonical_a: Mapping[str, torch.Tensor], canonical_b: Mapping[str, torch.Tensor],
-            aligned_b: Mapping[str, torch.Tensor], searched: Problem | None = None) -> Certificate:
+            aligned_b: Mapping[str, torch.Tensor], searched: Problem | None = None,
+            elements: Mapping[str, Any] | None = None, *, per_space: bool = True, joint: bool = True,
+            joint_limit: int = JOINT_LIMIT, lift: Mapping[str, Any] | None = None) -> Certificate:
     """The lower bound and the gap of ``aligned_b`` (see the module). ``searched``: the
-    problem with the groups that were searched (default: ``problem``'s)."""
+    problem with the groups that were searched (default: ``problem``'s). ``elements``:
+    the result's element per space, in ``problem``'s groups (``aligned_b`` is canonical B
+    moved by them); with them, the per-space bounds (``per_space``) and the joint
+    relaxations (``joint``, lifted size at most ``joint_limit``). ``lift``: what was
+    lifted before aligning (``AlignResult.info["lift"]``), said in the reason."""
     groups = searched or problem
+    extra: dict[str, Any] = {"lift": lift}
+    if elements is not None and per_space:
+        extra["per_space"] = tuple(space_bounds(problem, groups, canonical_a, canonical_b, elements))
+    if elements is not None and joint:
+        extra["joint"] = tuple(joint_bounds(problem, groups, canonical_a, canonical_b, elements, joint_limit))
+    lifted = ""
+    if lift:
+        what = ", ".join(f"{k} {v['from']} -> {v['to']}" for k, v in list(lift.get("spaces", {}).items())[:4])
+        lifted = (f"; B was lifted into A's widths before aligning ({lift.get('how', '?')} lift: {what}): these bounds "
+                  "certify the alignment of the lifted B to A; the lift is not part of the group and is not certified")
     blockers = _blockers(groups)
     value = squared_distance(canonical_a, aligned_b, problem.params)
     if blockers:
         return Certificate(False, "no bound: these groups are not norm-preserving (the objective's decoupled "
                                   f"relaxation needs orthogonal actions): {', '.join(blockers[:4])}"
-                           + (f" and {len(blockers) - 4} more" if len(blockers) > 4 else ""), value=value)
+                           + (f" and {len(blockers) - 4} more" if len(blockers) > 4 else "") + lifted, value=value,
+                           **extra)
     total = 0.0
     kinds: dict[str, int] = {}
     for name, b in groups.params.items():
-        a_t, b_t = canonical_a[name].double(), canonical_b[name].double()
+        a_t, b_t = b.viewed(canonical_a[name].double()), b.viewed(canonical_b[name].double())  # as the axes see them
         if not b.axes:
             total += float((a_t - b_t).square().sum())
             kinds["exact"] = kinds.get("exact", 0) + 1
@@ -126,5 +176,5 @@ def certify(problem: Problem, canonical_a: Mapping[str, torch.Tensor], canonical
         kinds[kind] = kinds.get(kind, 0) + 1
     bound = max(total, 0.0)  # the objective is a sum of squares
     return Certificate(True, "decoupled relaxation: each parameter bounded over its own orthogonal maps "
-                             "(Procrustes, von Neumann, rearrangement); a lower bound on the global minimum",
-                       bound, value, kinds)
+                             "(Procrustes, von Neumann, rearrangement); a lower bound on the global minimum" + lifted,
+                       bound, value, kinds, **extra)
