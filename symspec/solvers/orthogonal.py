@@ -22,6 +22,13 @@ def procrustes(m: torch.Tensor, ctx: SolveContext | None = None) -> torch.Tensor
     >>> q.round().tolist()
     [[0.0, 1.0], [-1.0, 0.0]]
     """
+    if m.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        # the SVD in float64: a float32 SVD can leave the rotation off by more than the
+        # statistics' rounding (on an H200 a planted Mixtral stalled with every parameter
+        # 1.4e-4 off, which points at the rotation; docs/matching.md), and d x d is small
+        # beside the products that built M
+        u, _, vh = torch.linalg.svd(m.double(), full_matrices=False)
+        return (u @ vh).to(m.dtype)
     u, _, vh = torch.linalg.svd(m, full_matrices=False)
     return u @ vh
 
