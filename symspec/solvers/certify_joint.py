@@ -56,6 +56,15 @@ SCS_ITERS = 1500
 _EPS = float(torch.finfo(torch.float64).eps)
 
 
+def noisy_gap(value: float | None, bound: float | None, noise: float) -> float | None:
+    """``value - bound``, with a negative gap within the rounding level ``noise`` read as 0
+    (a larger negative one is kept: it says the bound is wrong)."""
+    if value is None or bound is None:
+        return None
+    g = value - bound
+    return max(g, 0.0) if g > -noise else g
+
+
 @attrs.frozen
 class JointBound:
     """A joint bound over ``spaces`` (the others fixed at the result): ``value`` is the
@@ -77,10 +86,7 @@ class JointBound:
 
     @property
     def gap(self) -> float | None:
-        if self.value is None or self.bound is None:
-            return None
-        g = self.value - self.bound
-        return max(g, 0.0) if g > -self.noise else g
+        return noisy_gap(self.value, self.bound, self.noise)
 
     def to_dict(self) -> dict[str, Any]:
         g = self.gap

@@ -55,7 +55,7 @@ from ..problem import Problem
 from .acting import transform
 from .assignment import assign
 from .base import SolveContext, SolverError, Term, objective, solver_for
-from .certify_joint import element_eps
+from .certify_joint import element_eps, noisy_gap
 from .heads import _blocks, _part_terms, assign_heads
 from .weight_statistics import WeightStatistics
 
@@ -84,10 +84,7 @@ class SpaceBound:
 
     @property
     def gap(self) -> float | None:
-        if self.value is None or self.bound is None:
-            return None
-        g = self.value - self.bound
-        return max(g, 0.0) if g > -self.noise else g
+        return noisy_gap(self.value, self.bound, self.noise)
 
     @property
     def optimal(self) -> bool | None:
