@@ -2,20 +2,22 @@
 there is one, the GPU.
 
     python bench/bench_experts.py [--sizes 16x4x8 64x8x64 256x8x256] [--layers 2]
-                                  [--devices cpu cuda] [--out bench/results/experts.json]
+                                  [--head-width 64] [--devices cpu cuda]
+                                  [--out bench/results/experts.json]
 
-A size is d x E x f: a Mixtral (hidden size d, E experts of f units, d / 64 heads (at
-least 4), half as many key/value heads) with random weights; B is A moved by a random element of the spec's groups (every
+A size is d x E x f: a Mixtral (hidden size d, E experts of f units, heads of width
+--head-width (d / width of them, at least 4), half as many key/value heads) with random
+weights; B is A moved by a random element of the spec's groups (every
 expert permuted with the router, each expert's units permuted, each up path scaled,
 the residual rotated, the heads mapped). Weight matching B onto A should find A again:
 the relative distance ||A - g.B|| / ||A|| after matching, the rounds it took and the
 seconds, per device. The expert + unit + scaling solve reads a dense score over the
 E*f units (E^2 f^2 numbers), which is what grows fastest.
 
-Heads are kept at width 64: with 4 heads of width 256 (d 1024) weight matching stops at
-a coordinate-wise minimum of the GL head maps and does not recover the planted element,
-in float32 and float64, on a plain Llama as on Mixtral (a limit of the head solve, not
-of the experts; 16 heads of width 64 recover).
+Wide heads (``--head-width 256``) once stalled: torch's batched LU on a multi-threaded
+CPU returns wrong inverses for matrices from about 150 wide (pytorch/pytorch#142815),
+and the GL head maps are inverted as a batch; :mod:`symspec.linalg` now inverts such
+batches one matrix at a time.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def write_results(out: Path, doc: dict[str, Any]) -> None:
     print(f"wrote {out}")
 
 
-def planted(d: int, n_exp: int, f: int, layers: int, seed: int = 0) -> tuple[Any, Any]:
+def planted(d: int, n_exp: int, f: int, layers: int, head_width: int = 64, seed: int = 0) -> tuple[Any, Any]:
     import torch
     import transformers
 
@@ -49,7 +51,7 @@ def planted(d: int, n_exp: int, f: int, layers: int, seed: int = 0) -> tuple[Any
     from symspec.binding import bind
     from symspec.transforms import apply_elements, canonicalize_model, sample_elements
 
-    heads = max(4, d // 64)  # heads of width 64 at most (wider GL heads: see the module)
+    heads = max(4, d // head_width)
     cfg = transformers.MixtralConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=heads // 2,
                                      intermediate_size=f, vocab_size=97, num_local_experts=n_exp, num_experts_per_tok=2,
                                      max_position_embeddings=64, tie_word_embeddings=False)
@@ -66,13 +68,13 @@ def planted(d: int, n_exp: int, f: int, layers: int, seed: int = 0) -> tuple[Any
     return a, b
 
 
-def run(size: str, layers: int, device: str) -> dict[str, Any]:
+def run(size: str, layers: int, device: str, head_width: int = 64) -> dict[str, Any]:
     import torch
 
     import symspec
 
     d, n_exp, f = (int(x) for x in size.split("x"))
-    a, b = planted(d, n_exp, f, layers)
+    a, b = planted(d, n_exp, f, layers, head_width)
     if device == "cuda":
         torch.cuda.synchronize()
     t = time.perf_counter()
@@ -84,7 +86,9 @@ def run(size: str, layers: int, device: str) -> dict[str, Any]:
     params = res.bound.problem.params
     num = sum(float((res.aligned_b[k].double().cpu() - sd[k].double()).square().sum()) for k in params)
     den = sum(float(sd[k].double().square().sum()) for k in params)
-    row = {"size": size, "d": d, "experts": n_exp, "f": f, "layers": layers, "device": device,
+    heads = a.config.num_attention_heads
+    row = {"size": size, "d": d, "experts": n_exp, "f": f, "layers": layers, "heads": heads, "head_width": d // heads,
+           "device": device,
            "relative_distance": (num / den) ** 0.5, "rounds": len(res.history) - 1, "seconds": seconds,
            "timings": {k: v for k, v in sorted(res.timings.items(), key=lambda kv: -kv[1])[:6]}}
     print(f"{size:>12} {device:>5}: relative distance {row['relative_distance']:.2e} after {row['rounds']} round(s), "
@@ -98,11 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=["16x4x8", "64x8x64", "256x8x256"])
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--head-width", type=int, default=64, help="attention head width (d / width heads, at least 4)")
     ap.add_argument("--devices", nargs="+", default=["cpu", "cuda"])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "experts.json")
     args = ap.parse_args(argv)
     devices = [dv for dv in args.devices if dv != "cuda" or torch.cuda.is_available()]
-    rows = [run(size, args.layers, dv) for size in args.sizes for dv in devices]
+    rows = [run(size, args.layers, dv, args.head_width) for size in args.sizes for dv in devices]
     write_results(args.out, {"benchmark": "planted mixture-of-experts recovery by weight matching",
                              "command": command_line(argv),
                              "torch": torch.__version__,

@@ -30,6 +30,7 @@ import attrs
 import torch
 
 from ..errors import GroupError
+from ..linalg import lu_solve
 
 Element = dict[str, torch.Tensor]
 Variance = Literal["co", "contra", "abs"]
@@ -260,7 +261,7 @@ class Group(ABC):
         g = gram().to(torch.float64)
         lam = torch.diagonal(g, dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300) * 1e-12
         eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
-        sol = torch.linalg.solve(g + lam[..., None, None] * eye, c.mT)
+        sol = lu_solve(g + lam[..., None, None] * eye, c.mT)
         return (c * sol.mT).sum((-1, -2)).to(cross.dtype)
 
 

@@ -15,6 +15,7 @@ from typing import ClassVar
 import attrs
 import torch
 
+from ..linalg import lu_inv
 from .base import Element, Group, Path, Variance, int_field, log_uniform, make_generator, register
 
 
@@ -321,7 +322,7 @@ class _MatrixGroup(Group):
 
     def inverse(self, a: Element) -> Element:
         m = a["matrix"]
-        return {"matrix": m.mT.clone() if self.is_orthogonal() else torch.linalg.inv(m)}
+        return {"matrix": m.mT.clone() if self.is_orthogonal() else lu_inv(m)}
 
     def apply(self, a: Element, x: torch.Tensor, path: Path = (), variance: Variance = "co") -> torch.Tensor:
         self._check_path(path)
@@ -333,7 +334,7 @@ class _MatrixGroup(Group):
         elif variance == "contra" and not self.is_orthogonal():
             # inv(m)^T @ x rather than solve(m^T, x): batched CPU solves with many
             # right-hand sides are ~30x slower, and the elements are well conditioned
-            m = torch.linalg.inv(m).mT
+            m = lu_inv(m).mT
         return _restore(_left_mul(m, flat), rest)
 
     def matrix(self, a: Element, path: Path = (), variance: Variance = "co") -> torch.Tensor:
@@ -342,7 +343,7 @@ class _MatrixGroup(Group):
         if variance == "abs":
             return m.abs()
         if variance == "contra" and not self.is_orthogonal():
-            return torch.linalg.inv(m).mT
+            return lu_inv(m).mT
         return m
 
     def permutation_subgroup(self) -> Group:
@@ -579,7 +580,7 @@ class RoPE(Group):
         r2 = a["a"] ** 2 + a["b"] ** 2
         out = {"a": a["a"] / r2, "b": -a["b"] / r2}
         if self._has_rest():
-            out["rest"] = torch.linalg.inv(a["rest"])
+            out["rest"] = lu_inv(a["rest"])
         return out
 
     def sample(self, seed=None, *, batch=(), dtype=torch.float64, device=None, cond=10.0) -> Element:
@@ -617,7 +618,7 @@ class RoPE(Group):
             m = a["rest"].to(device=x.device, dtype=x.dtype)
             xr = flat[..., self.rot :, :]
             if variance == "contra":
-                yr = torch.linalg.inv(m).mT @ xr
+                yr = lu_inv(m).mT @ xr
             elif variance == "abs":
                 yr = m.abs() @ xr
             else:

@@ -30,6 +30,7 @@ import attrs
 import torch
 
 from ..groups import Element, Group, RoPE
+from ..linalg import lu_inv_ex, lu_solve
 from .base import SolveContext, SolverError, Term, require_variances, solver
 
 Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # cross, gram, a_sq
@@ -56,7 +57,7 @@ def _ls(s: Stats, toward: torch.Tensor | None = None) -> torch.Tensor:
     lam = (torch.diagonal(g, dim1=-2, dim2=-1).sum(-1) / n).clamp_min(1e-300) * 1e-12
     eye = torch.eye(n, dtype=g.dtype, device=g.device)
     rhs = c if toward is None else c + lam[:, None, None] * toward
-    return torch.linalg.solve(g + lam[:, None, None] * eye, rhs.mT).mT
+    return lu_solve(g + lam[:, None, None] * eye, rhs.mT).mT
 
 
 # ---------------------------------------------------------------------------------------
@@ -112,7 +113,7 @@ def _gl_eval(co: Stats | None, ct: Stats | None, x: torch.Tensor,
             g_out = g_out + 2 * (xg - c)
     if ct is not None:
         c, g, a = ct
-        inv, info = torch.linalg.inv_ex(x)
+        inv, info = lu_inv_ex(x)
         y = inv.mT
         yg = y @ g
         quad, lin = (yg * y).sum((-1, -2)), (c * y).sum((-1, -2))
@@ -238,9 +239,9 @@ def _minimize_gl(co: Stats | None, ct: Stats | None, current: torch.Tensor, ctx:
     if co is not None:
         cands.append(_ls(co, current))
     if ct is not None:  # the contra terms' least squares is for X^-T: regularise towards current^-T
-        cur_inv, ok = torch.linalg.inv_ex(current)
+        cur_inv, ok = lu_inv_ex(current)
         toward = torch.where((ok == 0)[:, None, None], cur_inv.mT, eye)
-        inv, info = torch.linalg.inv_ex(_ls(ct, toward))
+        inv, info = lu_inv_ex(_ls(ct, toward))
         cands.append(torch.where((info == 0)[:, None, None], inv.mT, eye))
     if co is not None and ct is not None and h_ct is not None:
         cands.append(equation_error(co, ct, h_ct))
