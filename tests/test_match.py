@@ -325,12 +325,16 @@ def test_overlapped_head_solves_give_the_same_result(monkeypatch: pytest.MonkeyP
 def test_a_broken_down_gl_solve_is_never_taken_and_b_in_place_matches_the_copy() -> None:
     """BERT's first greedy round used to take a NaN QK map from a rank-deficient Gram
     (forced in, then undone by inverting it when B was transformed in place): a crash
-    of `symspec match` on every BERT pair."""
+    of `symspec match` on every BERT pair. The two ways agree to float32's rounding, not
+    bit for bit: the rank-deficient heads are anchored (symspec/solvers/heads.py) with
+    pseudo-data from the Gram in each way's own frame."""
     a, _ = ZOO["bert"](seed=0)
     b, _ = ZOO["bert"](seed=1)
     kept = symspec.align(a, b, "bert", rounds=3)
     in_place = symspec.align(a, b, "bert", rounds=3, keep_canonical_b=False)
-    assert kept.history == in_place.history
+    assert len(kept.history) == len(in_place.history) == 4
+    assert in_place.history == pytest.approx(kept.history, rel=1e-6)
+    assert in_place.history[-1] < 0.6 * in_place.history[0]
     assert all(torch.isfinite(v).all() for e in in_place.elements.values() for v in e.values() if v.is_floating_point())
     assert in_place.distance("aligned") == pytest.approx(kept.distance("aligned"), rel=1e-6)
 

@@ -30,6 +30,7 @@ import functools
 import torch
 
 from ..groups import Element, Group, Heads
+from ..linalg import lu_inv
 from .assignment import assign
 from .base import SolveContext, StatTerm, Term, prefetcher, solve_stacked, solver, solver_many
 
@@ -186,9 +187,13 @@ def _anchor_terms(terms: list[Term], x_ref: torch.Tensor) -> list[Term]:
     problem as before. Where the data determine X only up to a map of the undetermined
     directions (B's head rows span part of A's head: the solutions form a family), the
     anchor picks one member, invertible and no farther from ``x_ref`` than it need be;
-    the objective on the data is the same for every member. Only float64 statistics are
-    anchored (see the code); where only one side is deficient, the other side's data can
-    determine a direction the anchor pulls on, with a bias of the order of the floor."""
+    the objective on the data is the same for every member. The floor follows the
+    statistics' dtype (float32's is 2^29 times float64's); where only one side is
+    deficient, the other side's data can determine a direction the anchor pulls on, with
+    a bias of the order of the floor. float32 statistics were once left unanchored, for
+    fear of that bias: a float32 A planted from a lifted B with wider heads then drove the
+    head maps into the undetermined directions and stayed at a relative distance of 1
+    (``bench/bench_lift.py``, ``planted``); anchored, it is recovered to rounding."""
     out: list[Term] = []
     x = x_ref.to(torch.float64)
     for variance in ("co", "contra"):
@@ -196,18 +201,13 @@ def _anchor_terms(terms: list[Term], x_ref: torch.Tensor) -> list[Term]:
         if not sel:
             continue
         dtype = sel[0].cross().dtype
-        if dtype != torch.float64:
-            # float32 statistics carry noise at 1e-7 of their size: an anchor above it
-            # would bias what the data do determine (and changes what float32 matching
-            # did before); there, the GL solve is left as it was
-            continue
         g = torch.stack([t.gram().to(torch.float64) for t in sel]).sum(0)
         s, u = torch.linalg.eigh(g)
         tau = ANCHOR_EPS * torch.finfo(dtype).eps * torch.diagonal(g, dim1=-2, dim2=-1).sum(-1).clamp_min(0)
         lift = (tau[:, None] - s).clamp_min(0)  # [K, dh]
         if not bool((lift > 0).any()):
             continue
-        ref = x if variance == "co" else torch.linalg.inv(x).mT
+        ref = x if variance == "co" else lu_inv(x).mT
         b = u * lift.sqrt()[:, None, :]  # the pseudo-data: columns u_i sqrt(lift_i)
         a = ref @ b
         out.append(StatTerm((), variance, (a @ b.mT).to(dtype), (b @ b.mT).to(dtype), a.square().sum(-1).to(dtype),
