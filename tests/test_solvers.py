@@ -311,6 +311,74 @@ def test_permutation_and_scaling_are_solved_jointly() -> None:
     assert torch.allclose(fd["diag"], d["diag"], atol=1e-9)
 
 
+@pytest.mark.parametrize("scaling", [D, Dpos])
+def test_copies_that_differ_only_by_their_scale_are_told_apart(scaling) -> None:  # type: ignore[no-untyped-def]
+    """Units 0 and 1 of B are copies of one unit: the same incoming rows, outgoing rows in
+    the shares 0.3 and 0.7 (a lifted model). A permutes and scales them, so each of A's
+    two copies fits one B copy exactly and the other only with different scales on its two
+    sides. Scoring each side with its own scale (C^2/G per side) ties the copies; the pair
+    score with one scale per pair is exact on the true partners and lower on the others."""
+    from symspec.solvers.assignment import scaled_pair_score
+
+    n = 4
+    gen = torch.Generator().manual_seed(12)
+    up, down = randn(gen, n, 6), randn(gen, n, 5)
+    up[1], down[1] = up[0], 0.7 * down[0]
+    down[0] = 0.3 * down[0]
+    p = {"perm": torch.tensor([1, 0, 3, 2])}
+    d = {"diag": torch.tensor([1.5, 0.4, 2.0, 0.8], dtype=torch.float64)}
+    a_up = S(n).apply(p, scaling(n).apply(d, up))
+    a_down = S(n).apply(p, scaling(n).apply(d, down, (), "contra"))
+    ts: list[Term] = [term(a_up, up, "co", role="pair", inner_variance="co"),
+                      term(a_down, down, "contra", role="pair", inner_variance="contra")]
+    score = scaled_pair_score(ts, scaling(n))
+    assert score is not None
+    # the upper bound of fitting each side alone: the copies tie
+    upper = sum(t.cross().square() / t.gram_diag() for t in ts)
+    assert float((upper[0, 0] - upper[0, 1]).abs()) < 1e-9 * float(upper[0, 0])
+    # one scale per pair: the true partner scores its exact value, the other copy less
+    exact_value = (a_up.square().sum(-1) + a_down.square().sum(-1))
+    for i in range(n):
+        j = int(p["perm"][i])
+        assert float(score[i, j]) == pytest.approx(float(exact_value[i]), rel=1e-9)
+        assert bool((score[i] <= upper[i] * (1 + 1e-12)).all())
+    assert float(score[0, 0]) < float(score[0, 1]) - 1e-3
+    fp, fd = JOINT[("S", scaling.__name__)](S(n), scaling(n), ts, (S(n).identity(), scaling(n).identity()), CTX)
+    assert torch.equal(fp["perm"], p["perm"])
+    assert torch.allclose(fd["diag"], d["diag"], atol=1e-9)
+
+
+@given(st.integers(0, 2**16), st.booleans(), st.sampled_from([("co", "contra"), ("co",), ("contra",), ("co", "contra", "abs")]))
+def test_the_pair_scale_value_is_a_value_some_scale_attains(seed: int, positive: bool, sides: tuple[str, ...]) -> None:
+    """best_scale_value never exceeds the maximum over d (a dense grid, which it may beat
+    only by the grid's coarseness) nor the per-side upper bound, and is exact where the
+    co and contra optima agree."""
+    from symspec.solvers.smooth import best_scale_value
+
+    gen = torch.Generator().manual_seed(seed)
+    c = torch.randn(3, generator=gen, dtype=torch.float64)
+    g = torch.rand(3, generator=gen, dtype=torch.float64) + 0.1
+    coef: dict[str, torch.Tensor | float] = {}
+    for k, (key, var) in enumerate((("co", "co"), ("ct", "contra"), ("ab", "abs"))):
+        coef[f"c_{key}"], coef[f"g_{key}"] = (c[k], g[k]) if var in sides else (0.0, 0.0)
+    got = float(best_scale_value(coef, positive))
+    grid = torch.logspace(-4, 4, 200001, dtype=torch.float64)
+    grid = grid if positive else torch.cat([-grid, grid])
+
+    def value(d: torch.Tensor) -> torch.Tensor:
+        return (2 * coef["c_co"] * d - coef["g_co"] * d**2 + 2 * coef["c_ct"] / d - coef["g_ct"] / d**2
+                + 2 * coef["c_ab"] * d.abs() - coef["g_ab"] * d**2)
+
+    best = float(value(grid).max())
+    sup = max(best, 0.0) if "contra" not in sides else best  # d -> 0 reaches 0 without contra terms
+    assert got <= sup + 1e-6 * (1 + abs(sup))
+    # planted: c_co = d* g_co and c_ct = g_ct / d*: exact
+    dstar = 0.7 if positive else -1.3
+    planted = {"c_co": dstar * g[0], "g_co": g[0], "c_ct": g[1] / dstar, "g_ct": g[1], "c_ab": 0.0, "g_ab": 0.0}
+    want = float(dstar**2 * g[0] + g[1] / dstar**2)  # ||a||^2 of the planted pair: its value at d*
+    assert float(best_scale_value(planted, positive)) == pytest.approx(want, rel=1e-12)
+
+
 @needs_sign
 def test_a_sign_and_a_permutation_are_solved_jointly() -> None:
     gen = torch.Generator().manual_seed(11)

@@ -111,10 +111,9 @@ def solve_permuted_scaling(outer: Group, inner: Group, terms: list[Term], curren
     the wrong partner, keeps it there), so they are solved together.
 
     The assignment scores a pair (new unit i, old unit j) by how well it fits with its own
-    best scale: the permutation-only terms' correlation plus, for the scaled terms,
-    ``max_d (2 d C_ij - d^2 G_j)`` on each side (``C^2/G``; co and contra sides fitted
-    separately, clipped at zero for positive scalings: an upper bound of the pair's joint
-    value, exact for planted pairs). Given the permutation, the scales are solved exactly.
+    scale: the permutation-only terms' correlation plus the scaled terms' value at one
+    scale d for both sides (:func:`scaled_pair_score`; exact for planted pairs, a value
+    some scale attains otherwise). Given the permutation, the scales are solved exactly.
     """
     require_variances(outer, terms, {"co", "contra", "abs"})
     if not isinstance(inner, DiagonalGroup):
@@ -129,23 +128,62 @@ def solve_permuted_scaling(outer: Group, inner: Group, terms: list[Term], curren
     return {"perm": perm}, scales_given(perm, terms, inner, e_diag, ctx)
 
 
+#: entries of the pair score computed at once (bounds the temporaries of the per-pair
+#: scale: about ten arrays of this many entries)
+SCORE_CHUNK_ELEMENTS = 1 << 21
+
+
 def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor | None:
     """How well old unit j fits new unit i with its own best scale (see
-    :func:`solve_permuted_scaling`); None when no term scores the permutation."""
-    score: torch.Tensor | None = None
+    :func:`solve_permuted_scaling`); None when no term scores the permutation.
+
+    The pair's value is ``max_d 2 d C_co - d^2 G_co + 2 C_ct / d - G_ct / d^2`` (plus the
+    abs terms with |d|, and the terms the scale acts on alone, which belong to old unit j
+    whatever its partner), the co and contra sides fitted with one d
+    (:func:`.smooth.best_scale_value`, at the better of the two sides' own optima: exact
+    where they agree, as on planted pairs). Fitting each side its own scale (``C^2 / G`` per
+    side) is an upper bound that cannot tell apart units that differ only by a scale
+    between their two sides: copies of one unit with their outgoing weights shared
+    (docs/width.md) all scored alike, and the assignment among them was decided by
+    rounding."""
+    from .smooth import best_scale_value
+
+    outer: torch.Tensor | None = None
+    sides: dict[str, tuple[torch.Tensor | float, torch.Tensor | float]] = {}
+    scaled = False
     for t in terms:
-        c = t.cross()
         if t.role == "outer":
-            part = c
-        elif t.role == "pair":
-            g = t.gram_diag()
-            clip = inner.positive_only or t.inner_variance == "abs"
-            num = c.clamp_min(0) if clip else c
-            part = torch.where(g > 0, num.square() / torch.where(g > 0, g, 1.0), 0.0)
+            outer = t.cross() if outer is None else outer + t.cross()
+            continue
+        if t.role == "pair":
+            c, g, var = t.cross(), t.gram_diag(), t.inner_variance or "co"
+            scaled = True
+        elif t.role == "inner":
+            c, g, var = torch.diagonal(t.cross(), dim1=-2, dim2=-1).unsqueeze(-2), t.gram_diag(), t.variance
         else:
             continue
-        score = part if score is None else score + part
-    return score
+        c0, g0 = sides.get(var, (0.0, 0.0))
+        sides[var] = (c0 + c, g0 + g)
+    if not scaled:
+        return outer
+    ref = next(t.cross() for t in terms if t.role == "pair")
+    n_rows, n_cols = ref.shape[-2], ref.shape[-1]
+    rows = max(1, SCORE_CHUNK_ELEMENTS // max(1, n_cols))
+    parts = []
+    for r0 in range(0, n_rows, rows):
+        coef: dict[str, torch.Tensor | float] = {}
+        for var, key in (("co", "co"), ("contra", "ct"), ("abs", "ab")):
+            got = sides.get(var)
+            if got is None:
+                coef[f"c_{key}"] = coef[f"g_{key}"] = 0.0
+                continue
+            c, g = got  # c [..., n or 1, n] (1: a term of old unit j alone), g [..., n]
+            assert isinstance(c, torch.Tensor) and isinstance(g, torch.Tensor)
+            coef[f"c_{key}"] = c[..., r0 : r0 + rows, :] if c.shape[-2] > 1 else c
+            coef[f"g_{key}"] = g.unsqueeze(-2)
+        parts.append(best_scale_value(coef, inner.positive_only))
+    score = torch.cat(parts, -2).to(ref.dtype)
+    return score if outer is None else outer + score
 
 
 def scales_given(perm: torch.Tensor, terms: list[Term], inner: Group, e_diag: Element, ctx: SolveContext) -> Element:

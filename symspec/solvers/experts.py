@@ -6,7 +6,7 @@ Without a scaling, a mixture-of-experts group is solved as the head group it is
 locks in wrong matches (a unit's scale, fitted to the wrong partner, keeps it there), as
 for a plain MLP (:func:`.assignment.solve_permuted_scaling`), so the score of a pair
 (new unit i, old unit j) is the same: the permutation-only terms' correlation plus, for
-the scaled terms, ``C^2/G`` (each side fitted with its own best scale). Then:
+the scaled terms, their value at one scale for both sides (:func:`.assignment.scaled_pair_score`). Then:
 
 1. for every pair of experts (a, b), the best assignment of b's units to a's on the
    f x f block of that score (all E^2 assignments batched), worth ``V[a, b]``;

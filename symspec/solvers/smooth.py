@@ -312,6 +312,65 @@ def _quartic_real_parts(c4: torch.Tensor, c3: torch.Tensor, c1: torch.Tensor, c0
     return torch.where((c4 > 0)[..., None], roots, torch.nan)
 
 
+def _polish(cand: torch.Tensor, coef: dict[str, torch.Tensor], steps: int = 3) -> torch.Tensor:
+    """Newton steps on f' from every candidate scale (``_diag_value``'s f), each kept only
+    where it lowers f and stays on its sign."""
+    for _ in range(steps):
+        d = cand
+        inv = 1.0 / torch.where(d == 0, 1.0, d)
+        sgn = torch.sign(d)
+        f1 = 2 * (coef["g_co"] + coef["g_ab"]) * d - 2 * coef["c_co"] - 2 * coef["c_ab"] * sgn - 2 * coef["g_ct"] * inv**3 + 2 * coef["c_ct"] * inv**2
+        f2 = 2 * (coef["g_co"] + coef["g_ab"]) + 6 * coef["g_ct"] * inv**4 - 4 * coef["c_ct"] * inv**3
+        step = torch.where((f2 > 0) & (d != 0), f1 / torch.where(f2 > 0, f2, 1.0), 0.0)
+        moved = d - step
+        keep = (_diag_value(moved, coef) <= _diag_value(d, coef)) & (torch.sign(moved) == sgn)
+        cand = torch.where(keep, moved, d)
+    return cand
+
+
+def best_scale_value(coef: dict[str, torch.Tensor | float], positive: bool) -> torch.Tensor:
+    """The value ``2 c_co d - g_co d^2 + 2 c_ct / d - g_ct / d^2 + 2 c_ab |d| - g_ab d^2``
+    of a unit at the best of its candidate scales (d != 0; d > 0 if ``positive``): the
+    co-only optimum, the contra-only optimum and (g_ct / g_co)^(1/4) (per sign), elementwise over the coefficients'
+    broadcast shape, in their dtype. Exact where the two optima agree (planted pairs);
+    otherwise the value at an actual scale, so never more than the maximum over d. A
+    coefficient may be the float 0 (no such term), which costs nothing. Where no contra
+    term is present, the supremum 0 (d -> 0) counts too. Kept to a few passes over the
+    arrays: it runs on every pair of units (``assignment.scaled_pair_score``)."""
+    c_co, g_co, c_ct, g_ct, c_ab, g_ab = (coef[k] for k in ("c_co", "g_co", "c_ct", "g_ct", "c_ab", "g_ab"))
+    ref = next(v for v in coef.values() if isinstance(v, torch.Tensor))
+    g = torch.as_tensor(g_co + g_ab, dtype=ref.dtype, device=ref.device)  # a tensor: x / 0 is inf, not an error
+    has_ct = isinstance(g_ct, torch.Tensor)
+    two_ct = 2 * c_ct
+    # without abs terms one pass serves both signs: each candidate is valid on its own sign
+    signs: tuple[float | None, ...] = (1.0,) if positive else ((None,) if not isinstance(c_ab, torch.Tensor) else (1.0, -1.0))
+    best: torch.Tensor | None = None
+    for sigma in signs:
+        lin = c_co + (sigma or 0.0) * c_ab
+        cands = [lin / g]
+        if has_ct:
+            cands.append(g_ct / c_ct)
+            # of a valid sign wherever both sides have data
+            bal = (g_ct / g) ** 0.25
+            cands.append(bal if sigma is None else sigma * bal)
+        two_lin = 2 * lin
+        for d in cands:
+            d = torch.as_tensor(d)
+            v = d * (two_lin - g * d)
+            if has_ct:
+                inv = 1.0 / d
+                v = v + inv * (two_ct - g_ct * inv)
+            ok = torch.isfinite(v) & ((d != 0) if sigma is None else (d * sigma > 0))
+            v = torch.where(ok, v, -torch.inf)
+            best = v if best is None else torch.maximum(best, v)
+    assert best is not None
+    if not has_ct:
+        return best.clamp_min(0.0)
+    # no valid candidate: no co data (g == 0), where the value tends to 0 as |d| grows
+    best = torch.where(best == -torch.inf, 0.0, best)
+    return torch.where(g_ct == 0, best.clamp_min(0.0), best)
+
+
 def _solve_diagonal(group: Group, terms: list[Term], current: Element, ctx: SolveContext, positive: bool) -> Element:
     require_variances(group, terms, {"co", "contra", "abs"})
     d0 = current["diag"]
@@ -338,16 +397,7 @@ def _solve_diagonal(group: Group, terms: list[Term], current: Element, ctx: Solv
         cand = torch.where(cand > 0, cand, 0.0)
     coef = {k: v.unsqueeze(-1) for k, v in {"g_co": g_co, "c_co": c_co, "g_ct": g_ct, "c_ct": c_ct, "g_ab": g_ab, "c_ab": c_ab}.items()}
     # polish every candidate with Newton steps on f' (keeping those that do not improve)
-    for _ in range(3):
-        d = cand
-        inv = 1.0 / torch.where(d == 0, 1.0, d)
-        sgn = torch.sign(d)
-        f1 = 2 * (coef["g_co"] + coef["g_ab"]) * d - 2 * coef["c_co"] - 2 * coef["c_ab"] * sgn - 2 * coef["g_ct"] * inv**3 + 2 * coef["c_ct"] * inv**2
-        f2 = 2 * (coef["g_co"] + coef["g_ab"]) + 6 * coef["g_ct"] * inv**4 - 4 * coef["c_ct"] * inv**3
-        step = torch.where((f2 > 0) & (d != 0), f1 / torch.where(f2 > 0, f2, 1.0), 0.0)
-        moved = d - step
-        keep = (_diag_value(moved, coef) <= _diag_value(d, coef)) & (torch.sign(moved) == sgn)
-        cand = torch.where(keep, moved, d)
+    cand = _polish(cand, coef)
     vals = _diag_value(cand, coef)
     best = vals.argmin(-1, keepdim=True)
     d = torch.gather(cand, -1, best).squeeze(-1)

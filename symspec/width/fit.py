@@ -21,9 +21,7 @@ Each round:
    both cases). Key/value heads are assigned on their QK circuits (unchanged by the
    per-head maps) and shared on their OV circuits;
 3. B is lifted again with these maps (later rounds align with the units fixed: they are
-   fitted exactly in step 2, and weight matching cannot tell copies of one unit apart
-   when a scaling acts on them, :func:`symspec.solvers.assignment.solve_permuted_scaling`
-   scores a pair with the co and contra scales fitted separately).
+   fitted exactly in step 2).
 
 Last, the lifted B is aligned to A with the units fixed and that element applied (a
 lift followed by a group element of A is a lift): the heads' permutations and per-head
