@@ -2,12 +2,23 @@
 per pair (symspec.solvers.assignment.scaled_pair_score) against the per-side upper bound
 it replaced (C^2/G on each side), next to the assignment that reads it.
 
-    python bench/bench_pair_score.py [--sizes 1024 3072 8192] [--repeat 3]
+    python bench/bench_pair_score.py [--sizes 1024 3072 8192] [--repeat 3] [--seeds 0 1 2 3 4]
                                      [--out bench/results/pair_score.json]
 
-Random statistics (a co and a contra pair term of f units, float32, as a float32 model's
-weight matching builds them); the seconds are the best of ``--repeat`` runs, all in one
-process, so compare the ratios.
+Speed: random statistics (a co and a contra pair term of f units, float32, as a float32
+model's weight matching builds them); the seconds are the best of ``--repeat`` runs, all
+in one process, so compare the ratios.
+
+Exactness: on the random statistics of the smallest size, the score against the true
+maximum over d (the best of the quartic's real roots, each polished; slow, done once):
+the share of pairs whose score is within 1e-6 of it and the largest shortfall, both
+relative to the pair's per-side bound (float64).
+
+Quality: weight matching of independent Llama pairs (tests/zoo.py, random weights, 2
+layers, d 32, 64 SwiGLU units, float32), once with each score, in one process: the
+objective each ends at with this score, with the exact maximum per pair (the quartic's
+roots, slow) and with the per-side bound it replaced (lower is better; the descent only
+accepts improvements, so every score gives a valid alignment).
 """
 
 from __future__ import annotations
@@ -58,12 +69,108 @@ def measure(n: int, repeat: int) -> dict[str, float]:
             "one_scale_over_assignment": one / asg}
 
 
+def per_side_score(terms, inner):  # type: ignore[no-untyped-def]
+    """The score this replaced: C^2/G on each scaled side, each with its own scale."""
+    import torch
+
+    score = None
+    for t in terms:
+        c = t.cross()
+        if t.role == "outer":
+            part = c
+        elif t.role == "pair":
+            g = t.gram_diag()
+            num = c.clamp_min(0) if (inner.positive_only or t.inner_variance == "abs") else c
+            part = torch.where(g > 0, num.square() / torch.where(g > 0, g, 1.0), 0.0)
+        else:
+            continue
+        score = part if score is None else score + part
+    return score
+
+
+def exactness(n: int) -> dict[str, float]:
+    import torch
+
+    from symspec.solvers.smooth import _diag_value, _polish, _quartic_real_parts, best_scale_value
+
+    gen = torch.Generator().manual_seed(n)
+    c_co, c_ct = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
+    g_co, g_ct = torch.rand(1, n, generator=gen) + 0.5, torch.rand(1, n, generator=gen) + 0.5
+    got = best_scale_value({"c_co": c_co.double(), "g_co": g_co.double(), "c_ct": c_ct.double(), "g_ct": g_ct.double(),
+                            "c_ab": 0.0, "g_ab": 0.0}, False)
+    coef = {k: v.double().expand(n, n) for k, v in {"c_co": c_co, "g_co": g_co, "c_ct": c_ct, "g_ct": g_ct}.items()}
+    coef |= {"c_ab": torch.zeros(n, n, dtype=torch.float64), "g_ab": torch.zeros(n, n, dtype=torch.float64)}
+    # stationary points: g_co d^4 - c_co d^3 + c_ct d - g_ct = 0
+    roots = torch.nan_to_num(_quartic_real_parts(coef["g_co"], -coef["c_co"], coef["c_ct"], -coef["g_ct"]), nan=1.0)
+    cu = {k: v.unsqueeze(-1) for k, v in coef.items()}
+    exact = (-_diag_value(_polish(roots, cu), cu)).max(-1).values
+    # relative to the pair's scale: the per-side bound c_co^2/g_co + c_ct^2/g_ct
+    short = (exact - got) / (coef["c_co"] ** 2 / coef["g_co"] + coef["c_ct"] ** 2 / coef["g_ct"])
+    top = exact.topk(5, dim=-1).indices  # the pairs an assignment would choose among
+    short_top = torch.gather(short, -1, top)
+    return {"pairs": n * n, "share_exact": float((short <= 1e-6).double().mean()), "largest_shortfall": float(short.max()),
+            "share_exact_top5": float((short_top <= 1e-6).double().mean()), "largest_shortfall_top5": float(short_top.max()),
+            "above_exact": float((-short).max())}
+
+
+def exact_scale_value(coef, positive):  # type: ignore[no-untyped-def]
+    """The true maximum over d (no abs terms): every real root of the quartic, polished."""
+    import torch
+
+    from symspec.solvers.smooth import _diag_value, _polish, _quartic_real_parts
+
+    ref = next(v for v in coef.values() if isinstance(v, torch.Tensor))
+    c = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in coef.items()}
+    shape = torch.broadcast_shapes(*(v.shape for v in c.values()))
+    c = {k: v.expand(shape) for k, v in c.items()}
+    d = torch.nan_to_num(_quartic_real_parts(c["g_co"] + c["g_ab"], -c["c_co"], c["c_ct"], -c["g_ct"]), nan=1.0)
+    if positive:
+        d = torch.where(d > 0, d, 1e-300)
+    cu = {k: v.unsqueeze(-1) for k, v in c.items()}
+    best = (-_diag_value(_polish(d, cu), cu)).max(-1).values
+    best = torch.where(best == -torch.inf, 0.0, best)
+    return torch.where(c["g_ct"] == 0, best.clamp_min(0.0), best).to(ref.dtype)
+
+
+def quality(seeds: list[int]) -> list[dict[str, float]]:
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    import symspec
+    import symspec.solvers.assignment as asg
+    import symspec.solvers.smooth as smooth
+    from tests.zoo import ZOO
+
+    one_scale, value = asg.scaled_pair_score, smooth.best_scale_value
+    rows = []
+    for seed in seeds:
+        a, _ = ZOO["llama"](seed=seed, head_dim=8, n_ff=64)
+        b, _ = ZOO["llama"](seed=100 + seed, head_dim=8, n_ff=64)
+        row: dict[str, float] = {"seed": seed}
+        for name, score, val in (("one_scale", one_scale, value), ("exact_max", one_scale, exact_scale_value),
+                                 ("per_side", per_side_score, value)):
+            asg.scaled_pair_score, smooth.best_scale_value = score, val
+            try:
+                res = symspec.align(a, b, "llama", rounds=20)
+            finally:
+                asg.scaled_pair_score, smooth.best_scale_value = one_scale, value
+            row[f"{name}_objective"] = float(res.history[-1])
+        row["ratio"] = row["one_scale_objective"] / row["per_side_objective"]
+        rows.append(row)
+        print(f"llama pair {seed}: objective {row['one_scale_objective']:.4f} (one scale), "
+              f"{row['exact_max_objective']:.4f} (exact maximum per pair), {row['per_side_objective']:.4f} (per side); "
+              f"one scale / per side {row['ratio']:.4f}", flush=True)
+    del torch
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 3072, 8192])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "pair_score.json")
     args = ap.parse_args(argv)
     rows = []
@@ -72,10 +179,16 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"f {n:>6}: one scale per pair {row['one_scale_seconds']:.3f} s, per-side bound {row['per_side_seconds']:.3f} s, "
               f"assignment {row['assignment_seconds']:.3f} s ({row['one_scale_over_assignment']:.2f} of the assignment)", flush=True)
+    exact = exactness(min(args.sizes))
+    print(f"exactness on {exact['pairs']} random pairs: {100 * exact['share_exact']:.2f}% within 1e-6 of the maximum "
+          f"(largest shortfall {exact['largest_shortfall']:.2e}); among each row's 5 best pairs "
+          f"{100 * exact['share_exact_top5']:.2f}% (largest shortfall {exact['largest_shortfall_top5']:.2e})", flush=True)
+    pairs = quality(args.seeds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"benchmark": "pair score of a permutation with a scaling",
                                     "command": shlex.join(["python", "bench/bench_pair_score.py", *(argv if argv is not None else sys.argv[1:])]),
-                                    "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")
+                                    "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows,
+                                    "exactness": exact, "llama_pairs": pairs}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 
