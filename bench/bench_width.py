@@ -14,6 +14,9 @@ seed k and narrow seed 100 + k (independent trainings). Methods:
   and head copies), the paper's baseline;
 - ``weight``: the *fitted* lift (symspec.width.fitted_lift), then weight matching;
 - ``random-weight``: a random lift, then weight matching (what fitting the lift adds);
+- ``activation-lift``: the lift fitted on activations (``lift="activation"``, the train
+  split), then weight matching (what fitting on data rather than weights adds);
+- ``activation``: the lift fitted on activations, then activation matching (train split);
 - ``learned``: the fitted lift, weight matching, then learned matching (bench/lmc_table.py's
   settings).
 
@@ -38,6 +41,7 @@ import trained  # noqa: E402
 from symspec.analyzers.barrier import Measurer, align_pair, mean_stderr, pair_result  # noqa: E402
 
 METHODS = {"none": ("none", "random"), "random-weight": ("weight", "random"), "weight": ("weight", "fitted"),
+           "activation-lift": ("weight", "activation"), "activation": ("activation", "activation"),
            "learned": ("learned", "fitted")}
 
 
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ratios", default="0.125,0.25,0.5")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--methods", default="none,random-weight,weight,learned")
+    ap.add_argument("--methods", default="none,random-weight,weight,activation-lift,activation,learned")
     ap.add_argument("--points", type=int, default=11)
     ap.add_argument("--steps", type=int, default=300, help="learned matching's steps")
     ap.add_argument("--data", default=f"text:{trained.DEFAULT_TEXT}")
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                 kw: dict[str, Any] = {"lift": how, "lift_seed": k}
                 if method == "learned":
                     kw.update(options=LearnedOptions(steps=args.steps, batch_size=64), validation=val)
-                aligned = align_pair(method, a, b, spec="nanogpt", data=train if method == "learned" else None, **kw)
+                uses_data = method in ("learned", "activation") or how == "activation"
+                aligned = align_pair(method, a, b, spec="nanogpt", data=train if uses_data else None, **kw)
                 curve = measurer.evaluator(aligned.module).curve(aligned.sd_a, aligned.sd_b, measurer.grid, None,
                                                                  (f"d seed {args.seeds[k]}", f"d*{r} seed {100 + args.seeds[k]}"))
                 res = pair_result(method, k, "A", "B", curve, aligned.seconds, aligned.info)
@@ -118,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 LABELS = {"none": "vanilla (random lift)", "random-weight": "random lift + weight matching",
-          "weight": "fitted lift + weight matching", "learned": "fitted lift + learned matching"}
+          "weight": "fitted lift + weight matching", "activation-lift": "activation-fitted lift + weight matching",
+          "activation": "activation-fitted lift + activation matching", "learned": "fitted lift + learned matching"}
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
