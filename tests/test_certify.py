@@ -338,8 +338,14 @@ def test_llama_scalings_and_rope_heads() -> None:
     kinds = {s.space: s.kind for s in cert.per_space}
     assert kinds["up[0]"] == "exact" and kinds["mlp[0]"] == "exact" and kinds["attn[0]"] == "relaxation"
     assert all(0 <= s.bound <= s.value + s.noise for s in cert.per_space)
-    (joint,) = cert.joint  # O(16): N = 256, beyond the limit
-    assert not joint.available and "too large" in joint.reason and "N = 256" in joint.reason
+    # the only space the joint bound models is the residual O(16) (the heads have RoPE
+    # parts, the units a scaling with them): it interacts with no other, so it is not
+    # lifted (N = 256 would be too large) but maximised exactly, as the per-space bound is
+    (joint,) = cert.joint
+    assert joint.available and joint.spaces == ("resid",) and joint.size == 0 and "exact" in joint.reason
+    resid = next(s for s in cert.per_space if s.space == "resid")
+    assert abs(joint.bound - resid.bound) <= joint.noise + resid.noise
+    assert abs(joint.value - resid.value) <= 1e-7 * joint.value  # two code paths, float32 elements
 
 
 def test_width_lifted_pairs_are_certified_as_lifted() -> None:
@@ -352,3 +358,88 @@ def test_width_lifted_pairs_are_certified_as_lifted() -> None:
     assert cert.to_dict()["lift"]["spaces"]["ff[0]"] == {"from": 4, "to": 8, "kind": "semiperm"}
     assert 0 <= cert.bound <= cert.value and all(s.bound <= s.value + s.noise for s in cert.per_space)
     assert abs(cert.value - result.distance("aligned")) < 1e-9
+
+
+# -- spaces that interact with none: exact at any size ----------------------------------------
+
+ONE_SPEC = """
+symspec: 1
+name: one
+dims:
+  h: shape("fc1.weight", 0)
+spaces:
+  hid: S(h)
+params:
+  fc1.weight: [hid, _]
+  fc1.bias: [hid]
+  fc2.weight: [_, hid*]
+  fc2.bias: invariant
+  fc3.weight: invariant
+  fc3.bias: invariant
+"""
+
+
+@settings(max_examples=6, deadline=None)
+@given(h=st.integers(2, 6), seed=st.integers(0, 2**16))
+def test_a_space_that_interacts_with_none_is_bounded_by_its_exact_minimum(h: int, seed: int) -> None:
+    """One permutation space, no parameter carrying it twice: the objective is linear in
+    it, and the joint bound is its assignment optimum, equal to the brute-force minimum
+    (not merely below it), over the whole objective."""
+    spec = loads_spec(ONE_SPEC, "one.yaml")
+    result = align(MLP(3, h, 3, seed), MLP(3, h, 3, seed + 1), spec)
+    (joint,) = result.certify(per_space=False).joint
+    assert joint.available and joint.whole and joint.size == 0 and "exact" in joint.reason
+    best = _brute_space(result, "hid") + squared_distance(
+        result.canonical_a, result.canonical_b, [p for p in result.bound.problem.params if not p.startswith("fc1")
+                                                 and p != "fc2.weight"])
+    assert abs(joint.bound - best) <= 1e-9 * max(1.0, best) + joint.noise
+    assert joint.bound <= joint.value + joint.noise
+
+
+def test_a_layers_spaces_with_the_residual_fixed_are_bounded_exactly_at_64_units() -> None:
+    """nanoGPT with 64 units per layer (N = 4096 for one layer's units alone, far beyond
+    the SDP): with the residual fixed, a layer's heads and units share no parameter, so
+    the joint bound over the layer is exact: the sum of the per-space minima (computed
+    by another code path), and no element of the layer's units goes below it."""
+    model_a, _ = ZOO["nanogpt"](n_ff=64)
+    model_b, _ = ZOO["nanogpt"](seed=1, n_ff=64)
+    result = align(model_a, model_b, "nanogpt", groups="perm")
+    cert = result.certify()
+    per = {s.space: s for s in cert.per_space}
+    assert [j.scope for j in cert.joint] == ["layer 0", "layer 1"]
+    problem = result.bound.problem
+    for i, j in enumerate(cert.joint):
+        assert j.available and j.spaces == (f"attn[{i}]", f"ff[{i}]") and "resid" in j.fixed and j.size == 0
+        assert abs(j.value - sum(per[s].value for s in j.spaces)) <= 1e-9 * j.value
+        assert abs(j.bound - sum(per[s].bound for s in j.spaces)) <= j.noise + sum(per[s].noise for s in j.spaces)
+        params = list({p for s in j.spaces for p in problem.params_of(s)})
+        for seed in range(4):
+            elems = dict(result.elements)
+            elems[f"ff[{i}]"] = problem.spaces[f"ff[{i}]"].group.sample(seed)
+            moved = apply_elements(problem, elems, result.canonical_b)
+            assert j.bound <= squared_distance(result.canonical_a, moved, params)
+    from symspec.planting import plant
+
+    twin = plant(model_a, "nanogpt", seed=2, spaces=["ff[0]", "ff[1]"]).model
+    planted = align(model_a, twin, "nanogpt", groups="perm").certify()
+    assert all(j.available and abs(j.gap) <= 1e-6 * max(1.0, j.value) for j in planted.joint)
+
+
+def test_interacting_spaces_are_lifted_and_a_wrong_split_is_refused(monkeypatch: Any) -> None:
+    """hid and hid2 both act on fc2.weight: they interact and go to the SDP together.
+    Past the limit (11 + 11 units: N = 242) the bound says so. Split wrongly into two
+    exact problems (each counting fc2.weight), the model no longer reproduces the
+    objective and the bound is refused, not reported."""
+    import symspec.solvers.certify_joint as cj
+
+    spec = loads_spec(MLP_SPEC, "mlp.yaml")
+    small = align(MLP(3, 3, 3, 0), MLP(3, 3, 3, 1), spec)
+    assert cj.components(small.bound.problem, ["hid", "hid2"]) == [(("hid", "hid2"), True)]
+    big = align(MLP(3, 11, 11, 0), MLP(3, 11, 11, 1), spec)
+    (joint,) = big.certify(per_space=False).joint
+    assert not joint.available and "too large" in joint.reason and "N = 242" in joint.reason
+    (good,) = small.certify(per_space=False).joint
+    assert good.available and "Shor" in good.reason
+    monkeypatch.setattr(cj, "components", lambda problem, chosen: [((s,), False) for s in chosen])
+    (wrong,) = small.certify(per_space=False).joint
+    assert not wrong.available and "does not reproduce the objective" in wrong.reason

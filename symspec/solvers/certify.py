@@ -33,9 +33,11 @@ Given the result's elements, :func:`certify` adds two more kinds of bound:
   heads by least squares per piece, a permutation on two axes of one parameter by its
   doubly stochastic relaxation): whether the result is coordinate-wise optimal, and by
   how much each space could still improve;
-- jointly over several spaces (:mod:`.certify_joint`): a Shor SDP relaxation over every
-  permutation, head-permutation, O and OC space when the lifted size is small
-  (``N = sum n_s^2 <= JOINT_LIMIT``), else per layer, else "not available: too large".
+- jointly over several spaces (:mod:`.certify_joint`): over every permutation,
+  head-permutation, O and OC space, spaces that interact (share a parameter) lifted
+  together into a Shor SDP relaxation when small (``N = sum n_s^2 <= JOINT_LIMIT``),
+  those that interact with none maximised exactly; over all of them when every
+  interacting group fits, else per layer, else "not available: too large".
 
 A B that :func:`~symspec.alignment.align` lifted into A's widths (``info["lift"]``) is
 certified as lifted: the bounds are over the group acting on the lifted B; the lift is

@@ -27,8 +27,19 @@ The bound never rests on the solver's accuracy. Weak duality: for any multiplier
 ``tr Y = 1 + sum_s n_s`` is fixed by the constraints. The solver's multipliers (z clipped
 at 0) are put into this formula, in float64.
 
-Size: the lifted matrix has ``N + 1`` rows, ``N = sum_s dim(M_s)^2``; the relaxation is
-solved when ``N <= JOINT_LIMIT`` and is otherwise "not available: too large".
+Spaces that do not interact are not lifted together. Two spaces interact when one
+parameter carries them on two of its axes; a space on two axes of one parameter
+interacts with itself (:func:`components`). The inner part is a sum over the groups of
+interacting spaces, so its maximum is the sum of theirs: a space that interacts with
+none is linear and is maximised exactly (an assignment for a permutation, the nuclear
+norm for an orthogonal map: :func:`linear_max`), at any size; only a group that does
+interact is lifted. With the residual fixed, the spaces of one layer (its heads, its
+units) share no parameter, so the bound over a layer is exact whatever its widths.
+
+Size: a lifted group has ``N + 1`` rows, ``N = sum_s dim(M_s)^2`` over its spaces; it is
+solved when ``N <= JOINT_LIMIT`` and is otherwise "not available: too large" (the
+residual with a layer's units, for one: O(d) and S(f) interact on every matrix between
+them, N = d^2 + f^2).
 """
 
 from __future__ import annotations
@@ -161,16 +172,23 @@ class _Model:
     k: float = 0.0  # sum ||A||^2 + ||B'||^2
     k0: float = 0.0  # constant inner products
     c: torch.Tensor | None = None
+    #: the quadratic part, allocated by the first block with two variable axes (a model
+    #: of uncoupled variables has none: its size is then linear in N, not quadratic)
     w: torch.Tensor | None = None
     constant: float = 0.0  # blocks no variable touches: ||A - g.B||^2 there
 
     def __attrs_post_init__(self) -> None:
         self.c = torch.zeros(self.n, dtype=torch.float64)
-        self.w = torch.zeros(self.n, self.n, dtype=torch.float64)
+
+    def quadratic(self) -> torch.Tensor:
+        if self.w is None:
+            self.w = torch.zeros(self.n, self.n, dtype=torch.float64)
+        return self.w
 
     def inner(self, x: torch.Tensor) -> float:
-        assert self.c is not None and self.w is not None
-        return self.k0 + float(self.c @ x) + float(x @ self.w @ x)
+        assert self.c is not None
+        quad = 0.0 if self.w is None else float(x @ self.w @ x)
+        return self.k0 + float(self.c @ x) + quad
 
     def value(self, x: torch.Tensor) -> float:
         return self.constant + self.k - 2 * self.inner(x)
@@ -192,7 +210,7 @@ def build_model(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str,
     """The quadratic model of the objective over ``params`` (module), or why not."""
     total = sum(v.n * v.n for v in variables.values())
     model = _Model(total)
-    assert model.c is not None and model.w is not None
+    assert model.c is not None
     for p in params:
         pb = problem.params[p]
         ta, tb = pb.viewed(a[p].double()), pb.viewed(b[p].double())  # as the axes see them
@@ -248,11 +266,11 @@ def _lin(model: _Model, v: _Var, a2: torch.Tensor, b2: torch.Tensor) -> None:
 
 
 def _add_block(model: _Model, ba: torch.Tensor, bb: torch.Tensor, var_axes: list[tuple[int, _Var, Any]]) -> None:
-    assert model.w is not None
     if len(var_axes) == 1:
         axis, v, _ = var_axes[0]
         _lin(model, v, _axis_front(ba, [axis]), _axis_front(bb, [axis]))
         return
+    w = model.quadratic()
     (ai, vi, _), (aj, vj, _) = var_axes
     a3, b3 = _axis_front(ba, [ai, aj]), _axis_front(bb, [ai, aj])  # [ni, nj, r]
     # the bilinear part: sum M_kl N_k'l' <A, U_k V_l^T B V'_l' U'_k'^T>
@@ -261,10 +279,10 @@ def _add_block(model: _Model, ba: torch.Tensor, bb: torch.Tensor, var_axes: list
     wb = torch.einsum("kKuvr,lLuvr->klKL", at, bt).reshape(vi.n * vi.n, vj.n * vj.n)
     si, sj = slice(vi.offset, vi.offset + vi.n**2), slice(vj.offset, vj.offset + vj.n**2)
     if vi is vj:
-        model.w[si, si] += 0.5 * (wb + wb.T)
+        w[si, si] += 0.5 * (wb + wb.T)
     else:
-        model.w[si, sj] += 0.5 * wb
-        model.w[sj, si] += 0.5 * wb.T
+        w[si, sj] += 0.5 * wb
+        w[sj, si] += 0.5 * wb.T
     # the affine parts: M-part x E0', E0 x N-part, E0 x E0'
     if vj.e0 is not None:
         b_j = torch.einsum("ijr,Jj->iJr", b3, vj.e0)
@@ -349,12 +367,13 @@ def solve_relaxation(model: _Model, variables: list[_Var]) -> tuple[float, str]:
     """(certified upper bound on max <C~, Y> over the relaxation, the solver used)."""
     import cvxpy as cp
 
-    assert model.c is not None and model.w is not None
+    assert model.c is not None
     size = model.n
     n1 = size + 1
+    w = model.quadratic()
     ctil = np.zeros((n1, n1))
     ctil[0, 1:] = ctil[1:, 0] = 0.5 * model.c.numpy()
-    ctil[1:, 1:] = 0.5 * (model.w + model.w.T).numpy()
+    ctil[1:, 1:] = 0.5 * (w + w.T).numpy()
     amat, b, sel = _constraints(variables, size)
     y = cp.Variable((n1, n1), PSD=True)
     vec = cp.vec(y, order="F")
@@ -388,12 +407,79 @@ def solve_relaxation(model: _Model, variables: list[_Var]) -> tuple[float, str]:
     return best, used
 
 
+# -- components ----------------------------------------------------------------------------------
+
+def components(problem: Problem, chosen: list[str]) -> list[tuple[tuple[str, ...], bool]]:
+    """``chosen`` split into the groups of spaces that interact: two spaces interact when
+    one parameter carries them on two of its axes (their blocks are bilinear in the two
+    variables); a space on two axes of one parameter interacts with itself (quadratic).
+    Per group: (its spaces, whether it interacts at all). The objective's inner part is
+    a sum over the groups, each over its own variables, so its maximum is the sum of the
+    groups' maxima; a group that does not interact is linear in its variable and is
+    maximised exactly (:func:`linear_max`)."""
+    parent = {s: s for s in chosen}
+
+    def find(s: str) -> str:
+        while parent[s] != s:
+            parent[s] = parent[parent[s]]
+            s = parent[s]
+        return s
+
+    quadratic: set[str] = set()
+    for pb in problem.params.values():
+        on_axes = [got for ab in pb.axes
+                   if (got := {f.space for seg in ab.segments for f in seg.factors if f.space in parent})]
+        if len(on_axes) < 2:
+            continue
+        seen: set[str] = set()
+        for got in on_axes:
+            quadratic |= got & seen
+            seen |= got
+        root = find(next(iter(seen)))
+        for t in seen:
+            parent[find(t)] = root
+    groups: dict[str, list[str]] = {}
+    for s in chosen:
+        groups.setdefault(find(s), []).append(s)
+    return [(tuple(m), len(m) > 1 or m[0] in quadratic) for m in groups.values()]
+
+
+def linear_max(model: _Model, v: _Var) -> float:
+    """max over the variable's group of ``c^T vec(M)`` (a model with no quadratic part):
+    the assignment's optimum for a permutation, the nuclear norm (the Procrustes value)
+    for an orthogonal map; plus a margin for rounding (n^2 eps ||C||_F), so an upper bound."""
+    assert model.c is not None
+    c = model.c[v.offset : v.offset + v.n * v.n].reshape(v.n, v.n)
+    if v.kind == "perm":
+        from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
+
+        rows, cols = linear_sum_assignment(c.numpy(), maximize=True)
+        best = float(c[torch.as_tensor(rows), torch.as_tensor(cols)].sum())
+    else:
+        best = float(torch.linalg.svdvals(c).sum())
+    return best + 4 * v.n * v.n * _EPS * float(torch.linalg.vector_norm(c))
+
+
 # -- scopes --------------------------------------------------------------------------------------
+
+def _coupled_sizes(problem: Problem, spaces: list[str], sizes: Mapping[str, int]) -> list[tuple[tuple[str, ...], int]]:
+    """The interacting groups among ``spaces`` with their lifted sizes."""
+    return [(m, sum(sizes[s] for s in m)) for m, coupled in components(problem, spaces) if coupled]
+
+
+def _too_large(coupled: list[tuple[tuple[str, ...], int]], limit: int,
+               supported: Mapping[str, tuple[str, int, torch.Tensor, torch.Tensor | None]]) -> str:
+    big = [(m, n) for m, n in coupled if n > limit]
+    return ("not available: too large (" + "; ".join(
+        f"interacting spaces {', '.join(f'{s}: n={supported[s][1]}' for s in m)}: lifted size N = {n} > {limit}"
+        for m, n in big) + ")")
+
 
 def joint_bounds(problem: Problem, searched: Problem, canonical_a: Mapping[str, torch.Tensor],
                  canonical_b: Mapping[str, torch.Tensor], elements: Mapping[str, Element],
                  limit: int = JOINT_LIMIT) -> list[JointBound]:
-    """The joint relaxation over every supported searched space when it fits, else per
+    """The joint bound over every supported searched space when each group of
+    interacting spaces fits the relaxation (lifted size at most ``limit``), else per
     layer (the spaces of one index, with the unindexed ones such as the residual when
     they fit); each scope's other spaces fixed at the result."""
     supported: dict[str, tuple[str, int, torch.Tensor, torch.Tensor | None]] = {}
@@ -416,67 +502,111 @@ def joint_bounds(problem: Problem, searched: Problem, canonical_a: Mapping[str, 
         return [JointBound("all", (), tuple(unsupported), 0, False,
                            "not available: no searched space is a permutation, head permutation, O or OC" + note)]
     sizes = {s: v[1] ** 2 for s, v in supported.items()}
-    if sum(sizes.values()) <= limit:
+
+    def fits(spaces: list[str]) -> bool:
+        return all(n <= limit for _, n in _coupled_sizes(problem, spaces, sizes))
+
+    if fits(list(supported)):
         return [_scope(problem, canonical_a, canonical_b, elements, "all", list(supported), supported,
-                       note, whole=not unsupported)]
+                       note, whole=not unsupported, limit=limit)]
     out = []
     layers = sorted({si.index for s, si in problem.spaces.items() if s in supported and si.index is not None})
     shared = [s for s in supported if problem.spaces[s].index is None]
     for i in layers:
         own = [s for s in supported if problem.spaces[s].index == i]
-        chosen = own + shared if sum(sizes[s] for s in own + shared) <= limit else own
-        if sum(sizes[s] for s in chosen) > limit:
-            out.append(JointBound(f"layer {i}", tuple(chosen), (), sum(sizes[s] for s in chosen), False,
-                                  f"not available: too large (lifted size N = {sum(sizes[s] for s in chosen)} > {limit}; "
-                                  + ", ".join(f"{s}: n={supported[s][1]}" for s in chosen) + ")" + note))
+        chosen = own + shared if fits(own + shared) else own
+        coupled = _coupled_sizes(problem, chosen, sizes)
+        if not fits(chosen):
+            out.append(JointBound(f"layer {i}", tuple(chosen), (), sum(n for _, n in coupled), False,
+                                  _too_large(coupled, limit, supported) + note))
             continue
-        out.append(_scope(problem, canonical_a, canonical_b, elements, f"layer {i}", chosen, supported, note))
+        out.append(_scope(problem, canonical_a, canonical_b, elements, f"layer {i}", chosen, supported, note,
+                          limit=limit))
     if not layers:
-        out.append(JointBound("all", tuple(supported), (), sum(sizes.values()), False,
-                              f"not available: too large (lifted size N = {sum(sizes.values())} > {limit}; "
-                              + ", ".join(f"{s}: n={supported[s][1]}" for s in supported) + ")" + note))
+        coupled = _coupled_sizes(problem, list(supported), sizes)
+        out.append(JointBound("all", tuple(supported), (), sum(n for _, n in coupled), False,
+                              _too_large(coupled, limit, supported) + note))
     return out
 
 
 def _scope(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],
            elements: Mapping[str, Element], scope: str, chosen: list[str],
            supported: Mapping[str, tuple[str, int, torch.Tensor, torch.Tensor | None]], note: str,
-           whole: bool = False) -> JointBound:
+           whole: bool = False, limit: int = JOINT_LIMIT) -> JointBound:
+    """The bound over ``chosen`` (the others fixed): per group of interacting spaces
+    (:func:`components`) the Shor relaxation, per space that interacts with none its
+    exact maximum; the parameters no chosen space touches are constants."""
     t0 = time.perf_counter()
-    variables: dict[str, _Var] = {}
-    offset = 0
-    for s in chosen:
-        kind, n, u, e0 = supported[s]
-        variables[s] = _Var(s, kind, n, u, e0, offset)
-        offset += n * n
-    fixed = tuple(s for s in problem.spaces if s not in variables and not problem.spaces[s].group.is_trivial())
-    params = [p for p, pb in problem.params.items() if whole or pb.spaces() & set(variables)]
+    fixed = tuple(s for s in problem.spaces if s not in chosen and not problem.spaces[s].group.is_trivial())
+    params = [p for p, pb in problem.params.items() if whole or pb.spaces() & set(chosen)]
     eps = element_eps(elements)
     elems = {s: problem.spaces[s].group.to(e, dtype=torch.float64) for s, e in elements.items()}
-    model = build_model(problem, a, b, elems, variables, params)
-    if isinstance(model, str):
-        return JointBound(scope, tuple(chosen), fixed, offset, False, f"not available: {model}" + note)
-    x = torch.cat([_value_of(v, problem.spaces[s].group, elems[s]).reshape(-1) for s, v in variables.items()])
-    value = max(model.value(x), 0.0)
-    scale = model.k + model.constant
+    sizes = {s: supported[s][1] ** 2 for s in chosen}
+    groups = components(problem, chosen)
+    lifted = sum(sum(sizes[s] for s in m) for m, coupled in groups if coupled)
+    coupled_sizes = [(m, sum(sizes[s] for s in m)) for m, coupled in groups if coupled]
+    if any(n > limit for _, n in coupled_sizes):
+        return JointBound(scope, tuple(chosen), fixed, lifted, False, _too_large(coupled_sizes, limit, supported) + note)
+    value = bound = scale = 0.0
+    covered: set[str] = set()
+    solvers: set[str] = set()
+    exact: list[str] = []
+    relaxed: list[str] = []
+    for members, coupled in groups:
+        variables: dict[str, _Var] = {}
+        offset = 0
+        for s in members:
+            kind, n, u, e0 = supported[s]
+            variables[s] = _Var(s, kind, n, u, e0, offset)
+            offset += n * n
+        own = [p for p in params if problem.params[p].spaces() & set(members)]
+        covered.update(own)
+        model = build_model(problem, a, b, elems, variables, own)
+        if isinstance(model, str):
+            return JointBound(scope, tuple(chosen), fixed, lifted, False, f"not available: {model}" + note)
+        x = torch.cat([_value_of(v, problem.spaces[s].group, elems[s]).reshape(-1) for s, v in variables.items()])
+        if coupled:
+            try:
+                upper, used = solve_relaxation(model, list(variables.values()))
+            except ImportError:
+                return JointBound(scope, tuple(chosen), fixed, lifted, False, "not available: cvxpy is not installed" + note)
+            solvers.add(used)
+            relaxed.extend(members)
+        else:
+            (v,) = variables.values()
+            upper = linear_max(model, v)
+            exact.append(members[0])
+        value += model.value(x)
+        bound += model.constant + model.k - 2 * (model.k0 + upper)
+        scale += model.k + model.constant
+    rest = [p for p in params if p not in covered]
+    if rest:  # untouched by the chosen spaces: ||A - g.B||^2 with the fixed spaces applied
+        const = build_model(problem, a, b, elems, {}, rest)
+        assert not isinstance(const, str)
+        value += const.constant
+        bound += const.constant
+        scale += const.constant
+    value = max(value, 0.0)
     # the result's elements are orthogonal to their own precision: ||g.B|| = ||B|| only to that
-    noise = 64 * math.sqrt(offset + 1) * eps * scale
+    noise = 64 * math.sqrt(sum(sizes.values()) + 1) * eps * scale
     # the model must reproduce the objective at the result: a check on its construction
     from ..transforms import apply_elements
 
     moved = apply_elements(problem, elems, {p: b[p].double() for p in params})
     direct = sum(float((a[p].double() - moved[p]).square().sum()) for p in params)
     if abs(direct - value) > max(noise, 1e-9 * scale):
-        return JointBound(scope, tuple(chosen), fixed, offset, False,
+        return JointBound(scope, tuple(chosen), fixed, lifted, False,
                           f"not available: the model does not reproduce the objective ({value:.6g} vs {direct:.6g})" + note)
-    try:
-        upper, used = solve_relaxation(model, list(variables.values()))
-    except ImportError:
-        return JointBound(scope, tuple(chosen), fixed, offset, False, "not available: cvxpy is not installed" + note)
-    bound = max(model.constant + model.k - 2 * (model.k0 + upper), 0.0)
+    bound = max(bound, 0.0)
     what = ("a lower bound on the global minimum" if whole else "a lower bound on the minimum over these spaces, "
             "the others fixed at the result")
-    return JointBound(scope, tuple(chosen), fixed, offset, True,
-                      f"Shor SDP relaxation ({used}), certified by weak duality: {what}" + note,
+    how = []
+    if relaxed:
+        how.append(f"Shor SDP relaxation ({', '.join(sorted(solvers))}) over the interacting spaces "
+                   f"{', '.join(relaxed)}, certified by weak duality")
+    if exact:
+        how.append(f"exact (assignment or Procrustes) over {', '.join(exact)}, which interact with no other "
+                   "chosen space (no parameter carries two of them)")
+    return JointBound(scope, tuple(chosen), fixed, lifted, True, "; ".join(how) + f": {what}" + note,
                       direct, min(bound, direct) if bound - direct <= noise else bound, whole, noise,
                       time.perf_counter() - t0)
