@@ -284,10 +284,11 @@ def _print_certificate(console: Any, cert: dict[str, Any]) -> None:
     for j in cert.get("joint") or []:
         if j["available"]:
             what = "global minimum" if j["whole_objective"] else f"minimum over {', '.join(j['spaces'][:4])}"
-            console.print(f"  joint SDP ({j['scope']}): the {what} is at least {j['bound']:.6g}; gap {j['gap']:.3g} "
+            how = "SDP over the interacting spaces" if j["lifted_size"] else "exact, nothing lifted"
+            console.print(f"  joint bound ({j['scope']}; {how}): the {what} is at least {j['bound']:.6g}; gap {j['gap']:.3g} "
                           f"({100 * (j['relative_gap'] or 0):.2f}%)")
         else:
-            console.print(f"  joint SDP ({j['scope']}): {j['reason'][:160]}")
+            console.print(f"  joint bound ({j['scope']}): {j['reason'][:160]}")
 
 
 def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -331,7 +332,8 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("model_b", metavar="B")
 @click.option("--certify", is_flag=True, help="Also bound the objective's global minimum over the searched groups and "
                                                 "report the result's gap: a global bound (norm-preserving groups), per-space bounds "
-                                                "given the others and a joint SDP on small sizes (match.json: certificate; slow).")
+                                                "given the others and a joint bound (exact where the spaces share no parameter, an SDP on small "
+                                                "sizes where they do; match.json: certificate; slow).")
 @_common_options
 @handle_errors
 def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, out: Path, method: str | None,

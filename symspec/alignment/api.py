@@ -111,8 +111,9 @@ class AlignResult:
         """Lower bounds on the objective's minimum over the searched groups, and this
         result's gaps to them (:func:`symspec.solvers.certify.certify`): the global
         decoupled bound (not available when a searched group is not norm-preserving), per
-        space given the others (``per_space``) and a joint SDP relaxation on small sizes
-        (``joint``; lifted size at most ``joint_limit``, default
+        space given the others (``per_space``) and a joint bound (``joint``: exact over
+        spaces that share no parameter, a Shor SDP relaxation over those that do, on small
+        sizes: each interacting group's lifted size at most ``joint_limit``, default
         :data:`~symspec.solvers.certify_joint.JOINT_LIMIT`). A B lifted into A's widths is
         certified as lifted (the lift is not part of the group; the reason says so).
         Needs canonical B (``align(keep_canonical_b=True)``, the default)."""
