@@ -365,7 +365,26 @@ def _load_hf(path: Path) -> torch.nn.Module:
         model = cls.from_pretrained(str(path), local_files_only=True)
     except Exception as e:
         raise ModelLoadError(f"{path}: {archs[0]}.from_pretrained failed: {describe_failure(e)}") from e
+    _aligned_experts(model)
     return model.eval()
+
+
+def _aligned_experts(model: torch.nn.Module) -> None:
+    """A mixture of experts loads with transformers' ``grouped_mm`` experts, whose CPU
+    kernel needs every stride of the expert weights (and of the activations between them)
+    to be a multiple of 16 bytes: an expert width such as 6 (toy configs) makes every
+    forward fail ("strides should be multiple of 16 bytes"). Such a model is switched to
+    ``batched_mm``, the same products one token at a time; an aligned one is left as it is."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_experts_implementation", None) != "grouped_mm" or not hasattr(model, "set_experts_implementation"):
+        return
+    for name, p in model.named_parameters():
+        if p.ndim == 3 and "expert" in name.lower() and any((size * p.element_size()) % 16 for size in p.shape[1:]):
+            try:
+                model.set_experts_implementation("batched_mm")
+            except Exception:  # an implementation this model does not offer: leave it, its forward will say
+                pass
+            return
 
 
 def load_model(path: str | Path, *, factory: str | Path | None = None) -> LoadedModel:

@@ -184,3 +184,25 @@ def test_the_per_space_certificate_of_experts_is_the_brute_force_minimum() -> No
     assert sb.kind == "exact"
     assert sb.bound == pytest.approx(best, rel=1e-9, abs=1e-12)
     assert sb.value >= best - 1e-12
+
+
+@pytest.mark.parametrize("n_ff, switched", [(6, True), (8, False)])
+def test_a_mixtral_folder_with_unaligned_experts_loads_with_batched_products(tmp_path, n_ff: int, switched: bool) -> None:
+    """A saved Mixtral loads with transformers' grouped_mm experts, whose CPU kernel needs
+    16-byte strides: with 6 units per expert (24-byte rows) every forward failed, so
+    `symspec check` on the folder did. The loader switches such a model to batched_mm (the
+    same products) and leaves an aligned one (8 units) as it is."""
+    from symspec.loading import load_model
+
+    from .cli_files import run
+
+    model, inputs = ZOO["mixtral"](n_ff=n_ff)
+    model.save_pretrained(tmp_path / "m")
+    loaded = load_model(tmp_path / "m").model
+    assert loaded.config._experts_implementation == ("batched_mm" if switched else "grouped_mm")
+    with torch.no_grad():
+        want = model(**inputs).logits
+        got = loaded(**inputs).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    code, out, err = run("check", str(tmp_path / "m"))
+    assert code == 0, out + err
