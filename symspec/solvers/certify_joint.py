@@ -417,31 +417,25 @@ def components(problem: Problem, chosen: list[str]) -> list[tuple[tuple[str, ...
     a sum over the groups, each over its own variables, so its maximum is the sum of the
     groups' maxima; a group that does not interact is linear in its variable and is
     maximised exactly (:func:`linear_max`)."""
-    parent = {s: s for s in chosen}
+    import networkx as nx
 
-    def find(s: str) -> str:
-        while parent[s] != s:
-            parent[s] = parent[parent[s]]
-            s = parent[s]
-        return s
-
+    graph = nx.Graph()
+    graph.add_nodes_from(chosen)
     quadratic: set[str] = set()
     for pb in problem.params.values():
         on_axes = [got for ab in pb.axes
-                   if (got := {f.space for seg in ab.segments for f in seg.factors if f.space in parent})]
+                   if (got := {f.space for seg in ab.segments for f in seg.factors if f.space in graph})]
         if len(on_axes) < 2:
             continue
         seen: set[str] = set()
         for got in on_axes:
             quadratic |= got & seen
             seen |= got
-        root = find(next(iter(seen)))
-        for t in seen:
-            parent[find(t)] = root
-    groups: dict[str, list[str]] = {}
-    for s in chosen:
-        groups.setdefault(find(s), []).append(s)
-    return [(tuple(m), len(m) > 1 or m[0] in quadratic) for m in groups.values()]
+        first = next(iter(seen))
+        graph.add_edges_from((first, t) for t in seen if t != first)
+    groups = sorted(([s for s in chosen if s in comp] for comp in nx.connected_components(graph)),
+                    key=lambda m: chosen.index(m[0]))
+    return [(tuple(m), len(m) > 1 or m[0] in quadratic) for m in groups]
 
 
 def linear_max(model: _Model, v: _Var) -> float:
