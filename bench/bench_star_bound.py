@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         model, variables, x, c_r, leaves = layer_problem(result, ["attn[0]", "ff[0]", "resid"], "resid")
         total = model.constant + model.k
 
-        def as_bound(upper: float) -> float:
-            return total - 2 * (model.k0 + upper)
+        def as_bound(upper: float, total: float = total, k0: float = model.k0) -> float:
+            return total - 2 * (k0 + upper)
 
         t = time.perf_counter()
         shor, _ = cj.solve_relaxation(model, list(variables.values()))
