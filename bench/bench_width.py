@@ -18,7 +18,10 @@ seed k and narrow seed 100 + k (independent trainings). Methods:
   split), then weight matching (what fitting on data rather than weights adds);
 - ``activation``: the lift fitted on activations, then activation matching (train split);
 - ``learned``: the fitted lift, weight matching, then learned matching (bench/lmc_table.py's
-  settings).
+  settings);
+- ``weight-free``, ``learned-free``: ``weight``/``learned``, then the lift's free directions
+  (the readers' weights off B's residual span, symspec.width.free) trained for the
+  midpoint loss on the train split for ``--steps`` steps (``align(lift_free=...)``).
 
 The barrier is measured on the test split; learned matching trains on the train split
 and picks its step on val. Results go to ``--out`` with the command that made them.
@@ -42,7 +45,7 @@ from symspec.analyzers.barrier import Measurer, align_pair, mean_stderr, pair_re
 
 METHODS = {"none": ("none", "random"), "random-weight": ("weight", "random"), "weight": ("weight", "fitted"),
            "activation-lift": ("weight", "activation"), "activation": ("activation", "activation"),
-           "learned": ("learned", "fitted")}
+           "learned": ("learned", "fitted"), "weight-free": ("weight", "fitted"), "learned-free": ("learned", "fitted")}
 
 
 def recipe(ratio: float) -> dict[str, Any]:
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--methods", default="none,random-weight,weight,activation-lift,activation,learned")
     ap.add_argument("--points", type=int, default=11)
-    ap.add_argument("--steps", type=int, default=300, help="learned matching's steps")
+    ap.add_argument("--steps", type=int, default=300, help="learned matching's steps, and the free directions' (-free methods)")
     ap.add_argument("--data", default=f"text:{trained.DEFAULT_TEXT}")
     ap.add_argument("--train-only", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "width.json"))
@@ -93,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                 kw: dict[str, Any] = {"lift": how, "lift_seed": k}
                 if method == "learned":
                     kw.update(options=LearnedOptions(steps=args.steps, batch_size=64), validation=val)
-                uses_data = method in ("learned", "activation") or how == "activation"
+                if meth.endswith("-free"):
+                    kw.update(lift_free=args.steps, validation=val)
+                uses_data = method in ("learned", "activation") or how == "activation" or meth.endswith("-free")
                 aligned = align_pair(method, a, b, spec="nanogpt", data=train if uses_data else None, **kw)
                 curve = measurer.evaluator(aligned.module).curve(aligned.sd_a, aligned.sd_b, measurer.grid, None,
                                                                  (f"d seed {args.seeds[k]}", f"d*{r} seed {100 + args.seeds[k]}"))
@@ -124,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
 
 LABELS = {"none": "vanilla (random lift)", "random-weight": "random lift + weight matching",
           "weight": "fitted lift + weight matching", "activation-lift": "activation-fitted lift + weight matching",
-          "activation": "activation-fitted lift + activation matching", "learned": "fitted lift + learned matching"}
+          "activation": "activation-fitted lift + activation matching", "learned": "fitted lift + learned matching",
+          "weight-free": "fitted lift + weight matching + learned free directions",
+          "learned-free": "fitted lift + learned matching + learned free directions"}
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

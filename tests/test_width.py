@@ -411,3 +411,95 @@ def test_greedy_semiperm_matching_is_not_optimal() -> None:
     exact, greedy = semiperm_assignment(cost, "exact"), semiperm_assignment(cost, "greedy")
     assert exact.cost == 7.0 and greedy.cost == 9.0
     assert abs(exact.cost - _brute(cost)) < 1e-12
+
+
+# -- the lift's free directions ---------------------------------------------------------------
+
+def _pattern_data(split: str, n: int = 6, seed: int = 0) -> Any:
+    """Sequences of a repeating pattern over nanoGPT's 11 tokens (learnable)."""
+    from symspec.analyzers.interpolate import EvalData
+    from tests.zoo import example
+
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        start = torch.randint(0, 11, (8, 1), generator=gen)
+        seq = (start + torch.arange(9)) % 11
+        batches.append(((seq[:, :8],), seq[:, 1:]))
+    return EvalData("pattern", "hook", split, batches, example("nanogpt").loss, None)
+
+
+def _outputs(module: Any, sd: Any, inputs: Any) -> torch.Tensor:
+    from symspec.data import call_model
+
+    m = module.to(torch.float64)
+    w = {k: v.to(torch.float64) for k, v in sd.items()}
+    with torch.no_grad():
+        out = call_model(lambda *x, **k: torch.func.functional_call(m, w, x, k), inputs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def test_the_lifts_free_directions_are_learned_without_changing_b() -> None:
+    """nanoGPT d 8 -> 12, float64: the readers' weights off B's residual span are trained
+    for the midpoint loss (it goes down), B's function is unchanged (the model's outputs,
+    compared here independently of the module's own check), only those directions moved,
+    and canonical B still maps to aligned B by the elements."""
+    from symspec.alignment import align
+    from symspec.transforms import apply_elements
+
+    narrow, inputs = ZOO["nanogpt"](seed=0, n_head=2, head_dim=4, n_ff=12)
+    wide, _ = ZOO["nanogpt"](seed=1, n_head=3, head_dim=4, n_ff=20)
+    narrow, wide = narrow.double(), wide.double()
+    train, val = _pattern_data("train"), _pattern_data("val", 2, 1)
+    plain = align(wide, narrow, "nanogpt", data=train, validation=val)
+    res = align(wide, narrow, "nanogpt", data=train, validation=val, lift_free=60)
+    free = res.info["lift"]["free"]
+    assert free["check"]["passed"] and free["check"]["rtol"] == 1e-9
+    assert free["val_midpoint_loss"] < free["val_midpoint_loss_before"]
+    assert set(free["params"]) >= {"lm_head.weight"} and len(free["params"]) >= 5
+    module = res.canonical_model
+    x = inputs[0] if isinstance(inputs, tuple) else inputs
+    got = _outputs(module, res.aligned_b, (x,))
+    want = _outputs(module, plain.aligned_b, (x,))
+    assert (got - want).abs().max() <= 1e-9 * want.abs().max()
+    moved = [k for k in res.aligned_b if not torch.equal(res.aligned_b[k], plain.aligned_b[k])]
+    assert moved and set(moved) <= set(free["params"])
+    back = apply_elements(res.bound.problem, res.elements, res.canonical_b)
+    assert all(torch.allclose(back[k], res.aligned_b[k], atol=1e-10) for k in res.aligned_b)
+
+
+def test_a_wrong_free_space_is_caught_and_b_left_as_it_was(monkeypatch: Any) -> None:
+    """Call every direction of the readers free (the span B's stream holds included): the
+    trained weights change B's function, the check says so and B is returned unchanged."""
+    import symspec.width.free as free_mod
+    from symspec.alignment import align
+
+    real = free_mod.free_readers
+
+    def everything(problem: Any, sd: Any, lifted: Any) -> Any:
+        return {n: (axis, torch.eye(c.shape[0], dtype=torch.float64)) for n, (axis, c) in real(problem, sd, lifted).items()}
+
+    monkeypatch.setattr(free_mod, "free_readers", everything)
+    narrow, _ = ZOO["nanogpt"](seed=0, n_head=2, head_dim=4, n_ff=12)
+    wide, _ = ZOO["nanogpt"](seed=1, n_head=3, head_dim=4, n_ff=20)
+    narrow, wide = narrow.double(), wide.double()
+    train, val = _pattern_data("train"), _pattern_data("val", 2, 1)
+    plain = align(wide, narrow, "nanogpt", data=train, validation=val)
+    res = align(wide, narrow, "nanogpt", data=train, validation=val, lift_free=60)
+    free = res.info["lift"]["free"]
+    assert not free["check"]["passed"] and free["check"]["max_rel"] > 1e-3 and "not used" in free["note"]
+    assert all(torch.equal(res.aligned_b[k], plain.aligned_b[k]) for k in plain.aligned_b)
+
+
+def test_free_directions_need_data_and_a_lift() -> None:
+    from symspec.alignment import align
+    from symspec.errors import SymspecInputError
+    from symspec.width.free import learn_free
+
+    narrow, _ = ZOO["nanogpt"](seed=0, n_ff=12)
+    wide, _ = ZOO["nanogpt"](seed=1, n_head=3, n_ff=20)
+    with pytest.raises(SymspecInputError, match="data"):
+        align(wide, narrow, "nanogpt", lift_free=10)
+    same = align(wide, ZOO["nanogpt"](seed=2, n_head=3, n_ff=20)[0], "nanogpt")
+    with pytest.raises(SymspecInputError, match="not lifted"):
+        learn_free(same, _pattern_data("train"))

@@ -254,7 +254,8 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
           method: str | Method = "weight", groups: str | Mapping[str, str] | None = None, rounds: int = 10,
           tol: float = 1e-6, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
           data: Any = None, validation: Any = None, progress: Any = None, config: Any = None,
-          keep_canonical_b: bool = True, options: Any = None, lift: str = "fitted", lift_seed: int = 0) -> AlignResult:
+          keep_canonical_b: bool = True, options: Any = None, lift: str = "fitted", lift_seed: int = 0,
+          lift_free: int = 0) -> AlignResult:
     """Align ``model_b`` to ``model_a`` under ``spec`` with a registered ``method``
     (:func:`symspec.alignment.method_names`; ``"weight"``: weight matching, data-free).
 
@@ -279,7 +280,10 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     (:mod:`symspec.width`), with maps fitted to A's weights (``lift="fitted"``), fitted
     to A's activations on ``data`` (``lift="activation"``: the methods that take data) or
     drawn at random (``lift="random"``, seed ``lift_seed``); ``info["lift"]`` says what was
-    lifted, and ``aligned_b`` has A's shapes.
+    lifted, and ``aligned_b`` has A's shapes. ``lift_free``: steps of training the lift's
+    free directions (the readers' weights on what B's residual stream never holds) for
+    the interpolated model's loss on ``data``, after the alignment
+    (:func:`symspec.width.free.learn_free`; 0: off, the default).
     """
     m = method if isinstance(method, Method) else get_method(method)
     lifted = None
@@ -287,6 +291,8 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
         model_b, lifted = _lift_if_narrower(model_a, model_b, spec, lift, lift_seed, data)
     if m.needs_data and data is None:
         raise SymspecInputError(f"the method '{m.name}' needs data (pass data=, or --data on the command line)")
+    if lift_free and data is None:
+        raise SymspecInputError("lift_free trains the lift's free directions on data: pass data=")
     timer, t0 = Timer(), time.perf_counter()
     pair = _bind_and_check(model_a, model_b, spec, config, timer)
     _canonicalize(pair, m, timer, force=lifted is not None)  # a lifted B is in canonical form
@@ -318,9 +324,17 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     if lifted is not None:
         info["lift"] = lifted
         record.meta["lift"] = lifted
-    return AlignResult(pair.bound_a, narrow_like(pair.a, pair.raw_a), cb, narrow_like(aligned, pair.raw_b), elements,
-                       record, found.history, timings, found.converged, searched,
-                       model_a if isinstance(model_a, torch.nn.Module) else None, m.name, info, d0)
+    result = AlignResult(pair.bound_a, narrow_like(pair.a, pair.raw_a), cb, narrow_like(aligned, pair.raw_b), elements,
+                         record, found.history, timings, found.converged, searched,
+                         model_a if isinstance(model_a, torch.nn.Module) else None, m.name, info, d0)
+    if lift_free and lifted is not None:
+        from ..width.free import learn_free
+
+        t1 = time.perf_counter()
+        result = learn_free(result, data, validation, steps=lift_free, device=device)
+        result.timings["lift_free"] = time.perf_counter() - t1
+        result.record.meta["lift"] = result.info["lift"]
+    return result
 
 
 def _lift_if_narrower(model_a: torch.nn.Module, model_b: torch.nn.Module, spec: Spec | BoundSpec | str | Path,
