@@ -184,15 +184,18 @@ def _align(la: Any, lb: Any, spec: Any, method: str | None, data_arg: str | None
 
     m = get_method(default_method(method, data_arg))
     options = learned_options(m.name, learn or {})
+    lift_free = kw.get("lift_free") or 0
+    if lift_free and data_arg is None:
+        raise SymspecInputError("--lift-free trains the lift's free directions on data: pass --data")
     data = validation = None
     if data_arg is not None or m.needs_data:
-        if not m.needs_data:
+        if not m.needs_data and not lift_free:
             raise SymspecInputError(f"--data is for data-driven methods; '{m.name}' ({m.label}) reads none")
         from symspec.data import hooks_module, load_data
 
         progress.phase("loading data")
         data = load_data(data_arg, model=la.model, module=hooks_module(la, factory), split="train", model_dir=la.source)
-        if getattr(m, "validates", False):
+        if getattr(m, "validates", False) or lift_free:
             validation = load_data(data_arg, model=la.model, module=hooks_module(la, factory), split="val",
                                    model_dir=la.source)
     progress.phase("binding and canonicalising")
@@ -258,6 +261,15 @@ def _print_summary(data: dict[str, Any]) -> None:
         more = len(lifted["spaces"]) - 6
         console.print(f"B was narrower: lifted into A's shape ({lifted['how']} lift) before aligning: {spaces}"
                       + (f" and {more} more" if more > 0 else ""))
+        free = lifted.get("free")
+        if free and "val_midpoint_loss" in free and free["check"]["passed"]:
+            console.print(f"the lift's free directions ({len(free['params'])} readers) trained {free['steps']} step(s), "
+                          f"the best at step {free['best_step']}: validation midpoint loss "
+                          f"{free['val_midpoint_loss_before']:.4g} -> {free['val_midpoint_loss']:.4g}, B's function kept")
+        elif free:
+            console.print(f"the lift's free directions: {free.get('note', 'not trained')}")
+    elif (data.get("info") or {}).get("lift_free"):
+        console.print(f"--lift-free: {data['info']['lift_free']}")
     console.print(f"wrote {data['out']}: {', '.join(data['files'])}")
 
 
@@ -318,6 +330,10 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="learned: permutations kept at weight matching's, learned with a straight-through "
                           "estimator, or Sinkhorn soft permutations annealed to hard.  [default: frozen]"),
         click.option("--seed", "learn_seed", type=int, help="learned: the seed of batch order and lambdas.  [default: 0]"),
+        click.option("--lift-free", "lift_free", type=click.IntRange(min=0), default=0, metavar="N",
+                     help="B narrower than A: after aligning, train the lift's free directions (the readers' weights "
+                          "off B's residual span, which B never uses) for N steps on the train split of --data, for the "
+                          "interpolated model's loss (docs/width.md).  [default: 0, off]"),
         click.option("--model", "factory", metavar="MODEL.py", help="For state-dict checkpoints: the model file whose build() makes their module."),
         click.option("--force", is_flag=True, help="Replace an existing output folder."),
         click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables."),
@@ -337,8 +353,8 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_common_options
 @handle_errors
 def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, out: Path, method: str | None,
-              data_arg: str | None, groups: str | None, rounds: int, tol: float, device: str, factory: str | None,
-              force: bool, as_json: bool, **learn: Any) -> None:
+              data_arg: str | None, groups: str | None, rounds: int, tol: float, device: str, lift_free: int,
+              factory: str | None, force: bool, as_json: bool, **learn: Any) -> None:
     """Align model B to model A under a spec, with any registered method (default: weight
     matching, data-free; learned matching: --method learned --data SOURCE, with --steps,
     --lr, --lambda, ...).
@@ -356,7 +372,7 @@ def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, o
     with _Progress(True) as progress:
         la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
         result = _align(la, lb, spec, method, data_arg, factory, progress, learn, groups=groups, rounds=rounds,
-                        tol=tol, device=dev, keep_canonical_b=certify)
+                        tol=tol, device=dev, keep_canonical_b=certify, lift_free=lift_free)
         extra: dict[str, Any] = {"groups": result.record.meta["groups"]}
         if certify:
             progress.phase("certifying")
@@ -382,8 +398,8 @@ def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, o
 @handle_errors
 def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg: str | None, out: Path,
               method: str | None,
-              data_arg: str | None, groups: str | None, rounds: int, tol: float, device: str, factory: str | None,
-              force: bool, as_json: bool, **learn: Any) -> None:
+              data_arg: str | None, groups: str | None, rounds: int, tol: float, device: str, lift_free: int,
+              factory: str | None, force: bool, as_json: bool, **learn: Any) -> None:
     """Write the interpolation (1 - alpha) A + alpha B, with B aligned to A first.
 
     The merged model keeps A's class and format; aligned, it is in canonical form (norm
@@ -426,7 +442,7 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
         else:
             la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
             result = _align(la, lb, spec, method, data_arg, factory, progress, learn, groups=groups, rounds=rounds,
-                            tol=tol, device=dev)
+                            tol=tol, device=dev, lift_free=lift_free)
             merged = result.interpolate(alpha)
         progress.phase("writing")
         files: list[str] = []

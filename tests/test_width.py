@@ -503,3 +503,27 @@ def test_free_directions_need_data_and_a_lift() -> None:
     same = align(wide, ZOO["nanogpt"](seed=2, n_head=3, n_ff=20)[0], "nanogpt")
     with pytest.raises(SymspecInputError, match="not lifted"):
         learn_free(same, _pattern_data("train"))
+
+
+def test_match_cli_learns_the_free_directions(tmp_path: Any) -> None:
+    """`symspec match --lift-free N --data SOURCE` on models of different widths: the
+    report says what was trained and that B's function was kept; without --data it is
+    refused with one line, and on models of one width it says it had nothing to do."""
+    import json
+
+    from .cli_files import model_file, run, write_words
+
+    text = tmp_path / "words.txt"
+    vocab = write_words(text)
+    wide = model_file(tmp_path, "wide.py", vocab, d=16, seed=0)
+    narrow = model_file(tmp_path, "narrow.py", vocab, d=8, seed=1)
+    code, out, err = run("match", wide, narrow, "--out", tmp_path / "o1", "--data", f"text:{text}", "--lift-free", "20")
+    assert code == 0, err
+    assert "free directions" in out and "function kept" in out
+    free = json.loads((tmp_path / "o1" / "match.json").read_text())["info"]["lift"]["free"]
+    assert free["steps"] == 20 and free["check"]["passed"] and free["val_midpoint_loss"] <= free["val_midpoint_loss_before"]
+    code, _, err = run("match", wide, narrow, "--out", tmp_path / "o2", "--lift-free", "20")
+    assert code == 2 and "pass --data" in err and not (tmp_path / "o2").exists()
+    other = model_file(tmp_path, "other.py", vocab, d=16, seed=2)
+    code, out, err = run("match", wide, other, "--out", tmp_path / "o3", "--data", f"text:{text}", "--lift-free", "20")
+    assert code == 0 and "nothing was lifted" in out, err

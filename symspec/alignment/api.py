@@ -327,7 +327,9 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     result = AlignResult(pair.bound_a, narrow_like(pair.a, pair.raw_a), cb, narrow_like(aligned, pair.raw_b), elements,
                          record, found.history, timings, found.converged, searched,
                          model_a if isinstance(model_a, torch.nn.Module) else None, m.name, info, d0)
-    if lift_free and lifted is not None:
+    if lift_free and lifted is None:
+        result.info["lift_free"] = "not used: B has A's widths, nothing was lifted"
+    elif lift_free:
         from ..width.free import learn_free
 
         t1 = time.perf_counter()
