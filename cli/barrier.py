@@ -56,13 +56,17 @@ MAX_POINTS = 1001
 @click.option("--plot", "plot_path", metavar="OUT.png", help="Write the curves (loss, and accuracy when it applies) as a PNG.")
 @click.option("--report", "report_path", metavar="OUT.json", help="Write the JSON report to a file.")
 @click.option("--markdown", "markdown_path", metavar="OUT.md", help="Write a markdown summary to a file.")
+@click.option("--lift-free", "lift_free", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Models of different widths, aligned methods: after aligning, train the lift's free directions "
+                   "(the readers' weights off B's residual span) for N steps on the train split (docs/width.md).  "
+                   "[default: 0, off]")
 @click.option("--force", is_flag=True, help="Replace existing --plot/--report/--markdown files (never an input).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
 @handle_errors
 def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, methods: tuple[str, ...], points: int,
                 pairs: tuple[tuple[str, str], ...], factory: str | None, spec_arg: str | None, device: str,
                 dtype_name: str | None, batch_size: int, max_samples: int | None, plot_path: str | None,
-                report_path: str | None, markdown_path: str | None, force: bool, as_json: bool) -> None:
+                report_path: str | None, markdown_path: str | None, lift_free: int, force: bool, as_json: bool) -> None:
     """Evaluate the straight line from model A (λ=0) to model B (λ=1) and report the
     loss barrier: the largest excess of the loss over the line between the endpoints'
     losses, with the λ where it peaks.
@@ -102,13 +106,13 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
     chosen = [get_method(m) for m in methods]
     spec = resolve_spec(spec_arg, first.model, first.spec_hint()) if any(m.canonical for m in chosen) else None
     align_data = None
-    if any(m.needs_data for m in chosen):
+    if any(m.needs_data for m in chosen) or (lift_free and any(m.canonical for m in chosen)):
         if split == "train":
             notes.append(_warn("warning: evaluating on the train split that data-driven methods align on"))
         align_data = load_data(data_arg, model=first.model, module=hooks_module(first, factory), split="train",
                                batch_size=batch_size, max_samples=max_samples, model_dir=first.source)
     align_validation = None
-    if split == "test" and any(getattr(m, "validates", False) for m in chosen):
+    if split == "test" and (any(getattr(m, "validates", False) for m in chosen) or lift_free):
         # methods that pick a step (learned matching) validate on the val split, never on
         # the evaluated one (evaluated on val, they hold out part of the train split)
         align_validation = load_data(data_arg, model=first.model, module=hooks_module(first, factory), split="val",
@@ -116,7 +120,8 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
     dtype = {"float32": torch.float32, "float64": torch.float64}[dtype_name] if dtype_name else None
     measurer = Measurer(data, points=points, device=device, dtype=dtype, align_data=align_data,
                         align_validation=align_validation)
-    results = _measure(measurer, loaded, all_pairs, methods, spec)
+    results = _measure(measurer, loaded, all_pairs, methods, spec,
+                       {name: {"lift_free": lift_free} for name, m in zip(methods, chosen) if lift_free and m.canonical})
     report = BarrierReport.build(data, results, device=device, dtype=str(measurer.evaluated_dtype),
                                  seconds=time.perf_counter() - started, notes=notes)
     if outputs:
@@ -145,8 +150,9 @@ def _config_warnings(loaded: list[tuple[Any, Any]], names: list[tuple[str, str]]
 
 
 def _measure(measurer: Any, loaded: list[tuple[Any, Any]], names: list[tuple[str, str]], methods: tuple[str, ...],
-             spec: Any) -> dict[str, list[Any]]:
-    """Every pair's curve under every method, with a progress bar."""
+             spec: Any, align_kw: dict[str, dict[str, Any]] | None = None) -> dict[str, list[Any]]:
+    """Every pair's curve under every method, with a progress bar (``align_kw``: per
+    method, keywords for :func:`symspec.align`)."""
     total = len(names) * len(methods) * measurer.batches_per_curve
     results: dict[str, list[Any]] = {m: [] for m in methods}
     with _progress(total, quiet=False) as advance:
@@ -154,7 +160,8 @@ def _measure(measurer: Any, loaded: list[tuple[Any, Any]], names: list[tuple[str
             for j, m in enumerate(methods):
                 advance(0, f"pair {i + 1}/{len(names)}, {m}")
                 results[m].append(measurer.pair(la.model, lb.model, method=m, spec=spec, pair=i, names=(na, nb),
-                                                progress=lambda n: advance(n, None), check_data=j == 0))
+                                                progress=lambda n: advance(n, None), check_data=j == 0,
+                                                align_kw=(align_kw or {}).get(m)))
     return results
 
 

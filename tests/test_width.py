@@ -527,3 +527,25 @@ def test_match_cli_learns_the_free_directions(tmp_path: Any) -> None:
     other = model_file(tmp_path, "other.py", vocab, d=16, seed=2)
     code, out, err = run("match", wide, other, "--out", tmp_path / "o3", "--data", f"text:{text}", "--lift-free", "20")
     assert code == 0 and "nothing was lifted" in out, err
+
+
+def test_barrier_cli_learns_the_free_directions(tmp_path: Any) -> None:
+    """`symspec barrier --lift-free N`: the aligned methods train the free directions
+    (the report's alignment info says so); B's loss at lambda = 1 is unchanged."""
+    import json
+
+    from .cli_files import model_file, run, write_words
+
+    text = tmp_path / "words.txt"
+    vocab = write_words(text)
+    wide = model_file(tmp_path, "wide.py", vocab, d=16, seed=0)
+    narrow = model_file(tmp_path, "narrow.py", vocab, d=8, seed=1)
+    args = ["barrier", wide, narrow, "--data", f"text:{text}", "--align", "weight", "--points", "3", "--json"]
+    code, out, err = run(*args, "--lift-free", "20")
+    assert code == 0, err
+    method = json.loads(out)["methods"][0]
+    free = method["pairs"][0]["align"]["info"]["lift"]["free"]
+    assert free["steps"] == 20 and free["check"]["passed"]
+    code, plain, err = run(*args)
+    assert code == 0, err
+    assert abs(method["summary"]["loss_b_mean"] - json.loads(plain)["methods"][0]["summary"]["loss_b_mean"]) < 1e-4
