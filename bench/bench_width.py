@@ -20,8 +20,9 @@ seed k and narrow seed 100 + k (independent trainings). Methods:
 - ``learned``: the fitted lift, weight matching, then learned matching (bench/lmc_table.py's
   settings);
 - ``weight-free``, ``learned-free``: ``weight``/``learned``, then the lift's free directions
-  (the readers' weights off B's residual span, symspec.width.free) trained for the
-  midpoint loss on the train split for ``--steps`` steps (``align(lift_free=...)``).
+  (the readers' weights off B's residual span, symspec.width.free) trained for the loss
+  along the path (lambda drawn by ``--free-lambda``, default U(0, 1)) on the train split
+  for ``--steps`` steps (``align(lift_free=..., lift_free_lambda=...)``).
 
 The barrier is measured on the test split; learned matching trains on the train split
 and picks its step on val. Results go to ``--out`` with the command that made them.
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default="none,random-weight,weight,activation-lift,activation,learned")
     ap.add_argument("--points", type=int, default=11)
     ap.add_argument("--steps", type=int, default=300, help="learned matching's steps, and the free directions' (-free methods)")
+    ap.add_argument("--free-lambda", default="uniform", help="-free methods: where lambda is drawn (uniform, narrow, fixed:X)")
     ap.add_argument("--data", default=f"text:{trained.DEFAULT_TEXT}")
     ap.add_argument("--train-only", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "width.json"))
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 if method == "learned":
                     kw.update(options=LearnedOptions(steps=args.steps, batch_size=64), validation=val)
                 if meth.endswith("-free"):
-                    kw.update(lift_free=args.steps, validation=val)
+                    kw.update(lift_free=args.steps, lift_free_lambda=args.free_lambda, validation=val)
                 uses_data = method in ("learned", "activation") or how == "activation" or meth.endswith("-free")
                 aligned = align_pair(method, a, b, spec="nanogpt", data=train if uses_data else None, **kw)
                 curve = measurer.evaluator(aligned.module).curve(aligned.sd_a, aligned.sd_b, measurer.grid, None,

@@ -504,6 +504,9 @@ def test_free_directions_need_data_and_a_lift() -> None:
     same = align(wide, ZOO["nanogpt"](seed=2, n_head=3, n_ff=20)[0], "nanogpt")
     with pytest.raises(SymspecInputError, match="not lifted"):
         learn_free(same, _pattern_data("train"))
+    lifted = align(wide, narrow, "nanogpt")
+    with pytest.raises(SymspecInputError, match="lambda"):
+        learn_free(lifted, _pattern_data("train"), lam="wide")
 
 
 def test_match_cli_learns_the_free_directions(tmp_path: Any) -> None:

@@ -255,7 +255,7 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
           tol: float = 1e-6, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
           data: Any = None, validation: Any = None, progress: Any = None, config: Any = None,
           keep_canonical_b: bool = True, options: Any = None, lift: str = "fitted", lift_seed: int = 0,
-          lift_free: int = 0) -> AlignResult:
+          lift_free: int = 0, lift_free_lambda: str = "uniform") -> AlignResult:
     """Align ``model_b`` to ``model_a`` under ``spec`` with a registered ``method``
     (:func:`symspec.alignment.method_names`; ``"weight"``: weight matching, data-free).
 
@@ -282,8 +282,8 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     drawn at random (``lift="random"``, seed ``lift_seed``); ``info["lift"]`` says what was
     lifted, and ``aligned_b`` has A's shapes. ``lift_free``: steps of training the lift's
     free directions (the readers' weights on what B's residual stream never holds) for
-    the interpolated model's loss on ``data``, after the alignment
-    (:func:`symspec.width.free.learn_free`; 0: off, the default).
+    the interpolated model's loss on ``data``, after the alignment, lambda drawn by
+    ``lift_free_lambda`` (:func:`symspec.width.free.learn_free`; 0: off, the default).
     """
     m = method if isinstance(method, Method) else get_method(method)
     lifted = None
@@ -333,7 +333,7 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
         from ..width.free import learn_free
 
         t1 = time.perf_counter()
-        result = learn_free(result, data, validation, steps=lift_free, device=device)
+        result = learn_free(result, data, validation, steps=lift_free, device=device, lam=lift_free_lambda)
         result.timings["lift_free"] = time.perf_counter() - t1
         result.record.meta["lift"] = result.info["lift"]
     return result

@@ -11,8 +11,9 @@ reads A's stream (which fills every direction) through ``(1 - lambda) A + lambda
 :func:`learn_free` trains those components, ``Z`` projected onto the complement of the
 writers' span (``Z (I - U U^T)``, U the top n_B left singular vectors of the writers:
 the span itself, whose rank is at most n_B), for the loss of ``(1 - lambda) A + lambda
-(B + Z (I - U U^T))`` with lambda ~ U(0.4, 0.6), as learned matching trains its
-elements; the validation midpoint loss picks the step. The result keeps B's function,
+(B + Z (I - U U^T))`` with lambda ~ U(0, 1) (the whole path; learned matching's
+U(0.4, 0.6) leaves the barrier 2-8 times higher on the width benchmark), as learned
+matching trains its elements; the validation midpoint loss picks the step. The result keeps B's function,
 checked in float64 like learned matching's elements, to the weights' precision (a
 failure leaves B as it was and says so).
 """
@@ -69,13 +70,15 @@ def _project(z: torch.Tensor, axis: int, complement: torch.Tensor) -> torch.Tens
 
 
 def learn_free(result: Any, data: Any, validation: Any = None, *, steps: int = 300, lr: float = 1e-2,
-               batch_size: int | None = 64, seed: int = 0, device: str | torch.device = "cpu") -> Any:
+               batch_size: int | None = 64, seed: int = 0, device: str | torch.device = "cpu",
+               lam: str = "uniform") -> Any:
     """``result`` (an :class:`~symspec.alignment.AlignResult` whose B was lifted) with the
     lift's free directions trained on ``data`` (a train split; ``validation``: held-out
     data that picks the step, else part of ``data`` is held out) for ``steps`` steps of
-    Adam at ``lr``: ``aligned_b`` and ``canonical_b`` change on those directions only,
+    Adam at ``lr``, lambda drawn by ``lam`` (``uniform``: U(0, 1), the whole path;
+    ``narrow``: U(0.4, 0.6); ``fixed:X``): ``aligned_b`` and ``canonical_b`` change on those directions only,
     ``info["lift"]["free"]`` says what was done (and the function check)."""
-    from ..alignment.learned import LearnedOptions, Mixture, _order, _splits
+    from ..alignment.learned import LearnedOptions, Mixture, _order, _splits, lambda_sampler
     from ..transforms import apply_elements
 
     lift = (result.info or {}).get("lift")
@@ -87,7 +90,8 @@ def learn_free(result: Any, data: Any, validation: Any = None, *, steps: int = 3
         raise SymspecInputError(f"learn_free: steps must be at least 1, got {steps}")
     problem = result.bound.problem
     readers = free_readers(problem, result.aligned_b, lift["spaces"])
-    info: dict[str, Any] = {"steps": steps, "lr": lr, "params": sorted(readers)}
+    lo, hi = lambda_sampler(lam)
+    info: dict[str, Any] = {"steps": steps, "lr": lr, "lambda": lam, "params": sorted(readers)}
     if not readers:
         info["note"] = "no free directions: no widened residual with readers that only read it"
         return _with_free(result, result.aligned_b, result.canonical_b, info)
@@ -117,8 +121,8 @@ def learn_free(result: Any, data: Any, validation: Any = None, *, steps: int = 3
     for step in range(steps):
         if not order:
             order = _order(len(train), gen)
-        lam = 0.4 + 0.2 * float(torch.rand((), generator=gen, dtype=torch.float64))
-        loss = mixture.loss(data, mixture.mix([a_state, moved()], [1.0 - lam, lam]), train[order.pop()])
+        t = lo + (hi - lo) * float(torch.rand((), generator=gen, dtype=torch.float64))
+        loss = mixture.loss(data, mixture.mix([a_state, moved()], [1.0 - t, t]), train[order.pop()])
         if not math.isfinite(float(loss.detach())):
             info["note"] = f"stopped at step {step + 1}: the interpolated model's loss is not finite"
             break
