@@ -507,6 +507,9 @@ def test_free_directions_need_data_and_a_lift() -> None:
     lifted = align(wide, narrow, "nanogpt")
     with pytest.raises(SymspecInputError, match="lambda"):
         learn_free(lifted, _pattern_data("train"), lam="wide")
+    events: list[Any] = []
+    learn_free(lifted, _pattern_data("train"), steps=5, progress=events.append)
+    assert [e.kind for e in events] == ["start"] + ["step"] * 5 and events[-1].done == events[-1].total == 5
 
 
 def test_match_cli_learns_the_free_directions(tmp_path: Any) -> None:

@@ -333,7 +333,8 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
         from ..width.free import learn_free
 
         t1 = time.perf_counter()
-        result = learn_free(result, data, validation, steps=lift_free, device=device, lam=lift_free_lambda)
+        result = learn_free(result, data, validation, steps=lift_free, device=device, lam=lift_free_lambda,
+                            progress=progress)
         result.timings["lift_free"] = time.perf_counter() - t1
         result.record.meta["lift"] = result.info["lift"]
     return result

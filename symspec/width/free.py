@@ -71,14 +71,17 @@ def _project(z: torch.Tensor, axis: int, complement: torch.Tensor) -> torch.Tens
 
 def learn_free(result: Any, data: Any, validation: Any = None, *, steps: int = 300, lr: float = 1e-2,
                batch_size: int | None = 64, seed: int = 0, device: str | torch.device = "cpu",
-               lam: str = "uniform") -> Any:
+               lam: str = "uniform", progress: Any = None) -> Any:
     """``result`` (an :class:`~symspec.alignment.AlignResult` whose B was lifted) with the
     lift's free directions trained on ``data`` (a train split; ``validation``: held-out
     data that picks the step, else part of ``data`` is held out) for ``steps`` steps of
     Adam at ``lr``, lambda drawn by ``lam`` (``uniform``: U(0, 1), the whole path;
     ``narrow``: U(0.4, 0.6); ``fixed:X``): ``aligned_b`` and ``canonical_b`` change on those directions only,
-    ``info["lift"]["free"]`` says what was done (and the function check)."""
+    ``info["lift"]["free"]`` says what was done (and the function check). ``progress``:
+    called with a :class:`~symspec.solvers.MatchEvent` at the start and after every step,
+    as learned matching does."""
     from ..alignment.learned import LearnedOptions, Mixture, _order, _splits, lambda_sampler
+    from ..solvers import MatchEvent
     from ..transforms import apply_elements
 
     lift = (result.info or {}).get("lift")
@@ -118,6 +121,8 @@ def learn_free(result: Any, data: Any, validation: Any = None, *, steps: int = 3
     before = best = validate()
     best_free = {n: z.detach().clone() for n, z in free.items()}
     best_step, order = 0, _order(len(train), gen)
+    if progress is not None:
+        progress(MatchEvent("start", 0, steps, total=steps, objective=before))
     for step in range(steps):
         if not order:
             order = _order(len(train), gen)
@@ -134,6 +139,9 @@ def learn_free(result: Any, data: Any, validation: Any = None, *, steps: int = 3
             if v < best:
                 best, best_step = v, step + 1
                 best_free = {n: z.detach().clone() for n, z in free.items()}
+        if progress is not None:
+            progress(MatchEvent("step", step + 1, steps, space=f"{float(loss.detach()):.4g}", done=step + 1,
+                                total=steps, objective=best))
     info.update({"val_midpoint_loss_before": before, "val_midpoint_loss": best, "best_step": best_step,
                  "validation": "val split" if not held_out else "held out of the train split"})
     aligned = dict(result.aligned_b)
