@@ -244,6 +244,30 @@ class Mixture:
         return total / max(count, 1)
 
 
+def float64_difference(module: torch.nn.Module, device: Any, before: Mapping[str, torch.Tensor],
+                       after: Mapping[str, torch.Tensor], batch: tuple[Any, Any], examples: int) -> tuple[float, float]:
+    """(max absolute, max relative) difference between ``module``'s outputs with the
+    weights ``before`` and with ``after`` (functional names) on ``examples`` examples of
+    ``batch``, in float64 throughout: casts a model writes (RMSNorm computed in float32)
+    are kept in float64, as the checker does."""
+    import torch
+
+    from ..checker import compare, flatten_outputs
+    from ..data import call_model
+    from ..data.base import move
+    from ..precision import KeepFloat64
+
+    m64 = copy.deepcopy(module).to(device, torch.float64).eval()
+    inputs = move(_rows(batch[0], 0, examples), device, torch.float64)
+
+    def forward(sd: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        w = {k: v.detach().to(device, torch.float64) if v.is_floating_point() else v.to(device) for k, v in sd.items()}
+        with torch.no_grad(), KeepFloat64():
+            return flatten_outputs(call_model(lambda *x, **k: torch.func.functional_call(m64, w, x, k), inputs))
+
+    return compare(forward(before), forward(after))
+
+
 def check_function(run: Mixture, b_state: Mapping[str, torch.Tensor], elements: Mapping[str, Element],
                    batch: tuple[Any, Any], examples: int, cond: float) -> dict[str, Any]:
     """``elements`` acting on ``b_state`` keep its function: outputs on ``examples``
@@ -251,26 +275,14 @@ def check_function(run: Mixture, b_state: Mapping[str, torch.Tensor], elements: 
     worst condition number of the elements; the checker's elements have at most 10)."""
     import torch
 
-    from ..checker import DEFAULT_RTOL, compare, flatten_outputs
-    from ..data import call_model
-    from ..data.base import move
-    from ..precision import KeepFloat64
+    from ..checker import DEFAULT_RTOL
     from ..transforms import apply_elements
 
-    module = copy.deepcopy(run.module).to(torch.float64)
     b64 = {k: v.detach().to(run.device, torch.float64) if v.is_floating_point() else v.to(run.device)
            for k, v in b_state.items() if k in run.names}
     e64 = {s: {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in e.items()} for s, e in elements.items()}
     aligned = apply_elements(run.problem, e64, b64)
-    inputs = move(_rows(batch[0], 0, examples), run.device, torch.float64)
-
-    def forward(w: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-        # float64 throughout: casts a model writes (RMSNorm computed in float32) are kept
-        # in float64, as the checker does
-        with torch.no_grad(), KeepFloat64():
-            return flatten_outputs(call_model(lambda *x, **k: torch.func.functional_call(module, dict(w), x, k), inputs))
-
-    max_abs, max_rel = compare(forward(b64), forward(aligned))
+    max_abs, max_rel = float64_difference(run.module, run.device, b64, aligned, batch, examples)
     rtol = DEFAULT_RTOL["float64"] * max(1.0, cond / 10.0)
     return {"examples": examples, "dtype": "float64", "max_abs": max_abs, "max_rel": max_rel, "rtol": rtol,
             "passed": math.isfinite(max_rel) and max_rel <= rtol}

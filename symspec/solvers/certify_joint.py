@@ -510,7 +510,7 @@ def joint_bounds(problem: Problem, searched: Problem, canonical_a: Mapping[str, 
         own = [s for s in supported if problem.spaces[s].index == i]
         chosen = own + shared if fits(own + shared) else own
         coupled = _coupled_sizes(problem, chosen, sizes)
-        if not fits(chosen):
+        if any(n > limit for _, n in coupled):
             out.append(JointBound(f"layer {i}", tuple(chosen), (), sum(n for _, n in coupled), False,
                                   _too_large(coupled, limit, supported) + note))
             continue
@@ -537,8 +537,8 @@ def _scope(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str, torc
     elems = {s: problem.spaces[s].group.to(e, dtype=torch.float64) for s, e in elements.items()}
     sizes = {s: supported[s][1] ** 2 for s in chosen}
     groups = components(problem, chosen)
-    lifted = sum(sum(sizes[s] for s in m) for m, coupled in groups if coupled)
     coupled_sizes = [(m, sum(sizes[s] for s in m)) for m, coupled in groups if coupled]
+    lifted = sum(n for _, n in coupled_sizes)
     if any(n > limit for _, n in coupled_sizes):
         return JointBound(scope, tuple(chosen), fixed, lifted, False, _too_large(coupled_sizes, limit, supported) + note)
     value = bound = scale = 0.0

@@ -20,7 +20,6 @@ failure leaves B as it was and says so).
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -175,23 +174,13 @@ def keeps_function(module: torch.nn.Module, before: Mapping[str, torch.Tensor], 
     """Whether ``after`` computes what ``before`` does in ``module`` (canonical form) on
     ``examples`` examples of ``batch``, evaluated in float64, to the checker's tolerance
     of the weights' dtype (1e-9 relative for float64 weights, 1e-4 for float32)."""
-    from ..alignment.learned import _rows
-    from ..checker import DEFAULT_RTOL, compare, flatten_outputs
-    from ..data import call_model
-    from ..data.base import move
-    from ..precision import KeepFloat64
+    from ..alignment.learned import float64_difference
+    from ..checker import DEFAULT_RTOL
     from ..statedict import functional_names
 
-    m64 = copy.deepcopy(module).to(torch.float64).eval()
-    names, _ = functional_names(m64)
-    inputs = move(_rows(batch[0], 0, examples), "cpu", torch.float64)
-
-    def run(sd: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-        w = {k: sd[k].detach().to(torch.float64) if sd[k].is_floating_point() else sd[k] for k in names}
-        with torch.no_grad(), KeepFloat64():
-            return flatten_outputs(call_model(lambda *x, **k: torch.func.functional_call(m64, w, x, k), inputs))
-
-    max_abs, max_rel = compare(run(before), run(after))
+    names, _ = functional_names(module)
+    max_abs, max_rel = float64_difference(module, "cpu", {k: before[k] for k in names}, {k: after[k] for k in names},
+                                          batch, examples)
     # the stream lies in the writers' span to the weights' own precision (float32 writers:
     # 1e-7 relative), so the unseen directions are unseen to that precision
     dtype = next((v.dtype for v in before.values() if v.is_floating_point()), torch.float64)
