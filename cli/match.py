@@ -296,7 +296,8 @@ def _print_certificate(console: Any, cert: dict[str, Any]) -> None:
     for j in cert.get("joint") or []:
         if j["available"]:
             what = "global minimum" if j["whole_objective"] else f"minimum over {', '.join(j['spaces'][:4])}"
-            how = "SDP over the interacting spaces" if j["lifted_size"] else "exact, nothing lifted"
+            sdps = [name for name, size in (("Shor", j["lifted_size"]), ("Gram", j.get("gram_size", 0))) if size]
+            how = f"{' and '.join(sdps)} SDP over the interacting spaces" if sdps else "exact, nothing lifted"
             console.print(f"  joint bound ({j['scope']}; {how}): the {what} is at least {j['bound']:.6g}; gap {j['gap']:.3g} "
                           f"({100 * (j['relative_gap'] or 0):.2f}%)")
         else:
@@ -348,8 +349,9 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("model_b", metavar="B")
 @click.option("--certify", is_flag=True, help="Also bound the objective's global minimum over the searched groups and "
                                                 "report the result's gap: a global bound (norm-preserving groups), per-space bounds "
-                                                "given the others and a joint bound (exact where the spaces share no parameter, an SDP on small "
-                                                "sizes where they do; match.json: certificate; slow).")
+                                                "given the others and a joint bound (exact where the spaces share no parameter, an SDP where they do: "
+                                                "the Shor lift on tiny sizes, the Gram relaxation for the residual with "
+                                                "a layer's spaces up to n = 64; match.json: certificate; slow).")
 @_common_options
 @handle_errors
 def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, out: Path, method: str | None,

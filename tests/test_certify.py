@@ -134,6 +134,10 @@ def test_match_certify_in_the_report(tmp_path: Any) -> None:
     assert cert["available"] and 0 <= cert["lower_bound"] <= cert["objective"] and "certificate:" in out
     assert {s["space"] for s in cert["per_space"]} == {"resid", "attn[0]", "attn[1]", "ff[0]", "ff[1]"}
     assert cert["joint"] and all("available" in j for j in cert["joint"]) and "per space" in out
+    # the residual and every layer form a star: one Gram relaxation bounds the global minimum
+    (joint,) = cert["joint"]
+    assert joint["available"] and joint["whole_objective"] and joint["gram_size"] > 0
+    assert joint["bound"] <= joint["value"] and "Gram SDP over the interacting spaces" in out
     code, out, err = run("match", a, b, "--model", factory, "--out", tmp_path / "o2", "--certify")
     assert code == 0, err
     cert = json.loads((tmp_path / "o2" / "match.json").read_text())["certificate"]
@@ -404,7 +408,7 @@ def test_a_layers_spaces_with_the_residual_fixed_are_bounded_exactly_at_64_units
     model_a, _ = ZOO["nanogpt"](n_ff=64)
     model_b, _ = ZOO["nanogpt"](seed=1, n_ff=64)
     result = align(model_a, model_b, "nanogpt", groups="perm")
-    cert = result.certify()
+    cert = result.certify(gram_limit=0)  # no Gram relaxation: the residual cannot join a layer
     per = {s.space: s for s in cert.per_space}
     assert [j.scope for j in cert.joint] == ["layer 0", "layer 1"]
     problem = result.bound.problem
@@ -421,7 +425,7 @@ def test_a_layers_spaces_with_the_residual_fixed_are_bounded_exactly_at_64_units
     from symspec.planting import plant
 
     twin = plant(model_a, "nanogpt", seed=2, spaces=["ff[0]", "ff[1]"]).model
-    planted = align(model_a, twin, "nanogpt", groups="perm").certify()
+    planted = align(model_a, twin, "nanogpt", groups="perm").certify(gram_limit=0)
     assert all(j.available and abs(j.gap) <= 1e-6 * max(1.0, j.value) for j in planted.joint)
 
 
@@ -436,8 +440,12 @@ def test_interacting_spaces_are_lifted_and_a_wrong_split_is_refused(monkeypatch:
     small = align(MLP(3, 3, 3, 0), MLP(3, 3, 3, 1), spec)
     assert cj.components(small.bound.problem, ["hid", "hid2"]) == [(("hid", "hid2"), True)]
     big = align(MLP(3, 11, 11, 0), MLP(3, 11, 11, 1), spec)
-    (joint,) = big.certify(per_space=False).joint
+    (joint,) = big.certify(per_space=False, gram_limit=32).joint
     assert not joint.available and "too large" in joint.reason and "N = 242" in joint.reason
+    assert "Gram size 33 > 32" in joint.reason
+    (gram,) = big.certify(per_space=False).joint  # a star of two: the Gram relaxation takes it
+    assert gram.available and "Gram SDP" in gram.reason and gram.gram_size == 33
+    assert gram.bound <= gram.value + gram.noise
     (good,) = small.certify(per_space=False).joint
     assert good.available and "Shor" in good.reason
     monkeypatch.setattr(cj, "components", lambda problem, chosen: [((s,), False) for s in chosen])

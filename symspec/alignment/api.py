@@ -107,18 +107,22 @@ class AlignResult:
         assert other is not None
         return weight_distance(self.bound, self.canonical_a, other)
 
-    def certify(self, *, per_space: bool = True, joint: bool = True, joint_limit: int | None = None) -> Any:
+    def certify(self, *, per_space: bool = True, joint: bool = True, joint_limit: int | None = None,
+                gram_limit: int | None = None) -> Any:
         """Lower bounds on the objective's minimum over the searched groups, and this
         result's gaps to them (:func:`symspec.solvers.certify.certify`): the global
         decoupled bound (not available when a searched group is not norm-preserving), per
         space given the others (``per_space``) and a joint bound (``joint``: exact over
         spaces that share no parameter, a Shor SDP relaxation over those that do, on small
         sizes: each interacting group's lifted size at most ``joint_limit``, default
-        :data:`~symspec.solvers.certify_joint.JOINT_LIMIT`). A B lifted into A's widths is
+        :data:`~symspec.solvers.certify_joint.JOINT_LIMIT`; a Gram SDP relaxation over a
+        star-shaped group, such as the residual with the spaces that read and write it, of
+        size at most ``gram_limit``, default
+        :data:`~symspec.solvers.certify_joint.GRAM_LIMIT`). A B lifted into A's widths is
         certified as lifted (the lift is not part of the group; the reason says so).
         Needs canonical B (``align(keep_canonical_b=True)``, the default)."""
         from ..groups import parse
-        from ..solvers.certify import JOINT_LIMIT, certify
+        from ..solvers.certify import GRAM_LIMIT, JOINT_LIMIT, certify
 
         if self.canonical_b is None:
             raise SymspecInputError("a certificate needs canonical B: align(keep_canonical_b=True)")
@@ -128,7 +132,7 @@ class AlignResult:
         searched = attrs.evolve(problem, spaces=spaces)
         return certify(problem, self.canonical_a, self.canonical_b, self.aligned_b, searched, self.elements,
                        per_space=per_space, joint=joint, joint_limit=JOINT_LIMIT if joint_limit is None else joint_limit,
-                       lift=self.info.get("lift"))
+                       gram_limit=GRAM_LIMIT if gram_limit is None else gram_limit, lift=self.info.get("lift"))
 
     def interpolate(self, alpha: float, *, align: bool = True) -> dict[str, torch.Tensor]:
         """``(1 - alpha) A + alpha B`` (aligned B unless ``align=False``), canonical form."""

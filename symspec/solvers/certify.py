@@ -35,8 +35,11 @@ Given the result's elements, :func:`certify` adds two more kinds of bound:
   how much each space could still improve;
 - jointly over several spaces (:mod:`.certify_joint`): over every permutation,
   head-permutation, O and OC space, spaces that interact (share a parameter) lifted
-  together into a Shor SDP relaxation when small (``N = sum n_s^2 <= JOINT_LIMIT``),
-  those that interact with none maximised exactly; over all of them when every
+  together into a Shor SDP relaxation when small (``N = sum n_s^2 <= JOINT_LIMIT``)
+  and, when they form a star (one hub, such as the residual, that each of the others
+  interacts with alone), into the Gram SDP relaxation (size ``2 m`` plus the vectors the
+  others move against the hub, at most ``GRAM_LIMIT``: a layer with the residual at
+  n <= 64); those that interact with none maximised exactly; over all of them when every
   interacting group fits, else per layer, else "not available: too large".
 
 A B that :func:`~symspec.alignment.align` lifted into A's widths (``info["lift"]``) is
@@ -56,7 +59,7 @@ from ..groups import SP, S
 from ..groups.classic import Sign
 from ..problem import Problem
 from ..statedict import squared_distance
-from .certify_joint import JOINT_LIMIT, JointBound, joint_bounds
+from .certify_joint import GRAM_LIMIT, JOINT_LIMIT, JointBound, joint_bounds
 from .certify_space import SpaceBound, space_bounds
 
 
@@ -140,19 +143,22 @@ def _upper(problem: Problem, axes: Any, a: torch.Tensor, b: torch.Tensor) -> tup
 def certify(problem: Problem, canonical_a: Mapping[str, torch.Tensor], canonical_b: Mapping[str, torch.Tensor],
             aligned_b: Mapping[str, torch.Tensor], searched: Problem | None = None,
             elements: Mapping[str, Any] | None = None, *, per_space: bool = True, joint: bool = True,
-            joint_limit: int = JOINT_LIMIT, lift: Mapping[str, Any] | None = None) -> Certificate:
+            joint_limit: int = JOINT_LIMIT, gram_limit: int = GRAM_LIMIT,
+            lift: Mapping[str, Any] | None = None) -> Certificate:
     """The lower bound and the gap of ``aligned_b`` (see the module). ``searched``: the
     problem with the groups that were searched (default: ``problem``'s). ``elements``:
     the result's element per space, in ``problem``'s groups (``aligned_b`` is canonical B
     moved by them); with them, the per-space bounds (``per_space``) and the joint
-    relaxations (``joint``, lifted size at most ``joint_limit``). ``lift``: what was
+    relaxations (``joint``, lifted size at most ``joint_limit``, Gram size at most
+    ``gram_limit``). ``lift``: what was
     lifted before aligning (``AlignResult.info["lift"]``), said in the reason."""
     groups = searched or problem
     extra: dict[str, Any] = {"lift": lift}
     if elements is not None and per_space:
         extra["per_space"] = tuple(space_bounds(problem, groups, canonical_a, canonical_b, elements))
     if elements is not None and joint:
-        extra["joint"] = tuple(joint_bounds(problem, groups, canonical_a, canonical_b, elements, joint_limit))
+        extra["joint"] = tuple(joint_bounds(problem, groups, canonical_a, canonical_b, elements, joint_limit,
+                                                gram_limit))
     lifted = ""
     if lift:
         what = ", ".join(f"{k} {v['from']} -> {v['to']}" for k, v in list(lift.get("spaces", {}).items())[:4])
