@@ -61,9 +61,10 @@ the Shor lift would be 8192), and ``tr Y = 2 m + sum ||G_L||^2`` is fixed, so we
 duality certifies it exactly as above: ``b^T y - tr(Y) lambda_min(S) + (the
 assignment's maximum of the multipliers' residual on p)``, every term in float64 from
 the solver's multipliers. At a planted pair it is exact (Cauchy-Schwarz on each unit's
-vectors); on tiny independent pairs it is looser than the Shor lift (10-25% below the
-brute-force optimum where Shor is within 1.5%), so where both fit the larger bound is
-kept. Solved when the group is a star of size at most ``GRAM_LIMIT``.
+vectors); it is looser than the Shor lift (on the tiny residual MLPs of
+tests/test_certify_gram.py 10-17% below the brute-force optimum where Shor is within
+1.5%; on nanoGPT layers within 0.1% of it, bench/bench_gram.py), so where both fit the
+larger bound is kept. Solved when the group is a star of size at most ``GRAM_LIMIT``.
 """
 
 from __future__ import annotations
@@ -913,7 +914,7 @@ def _scope(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str, torc
                    f"{', '.join(relaxed)}, certified by weak duality")
     if gram_relaxed:
         how.append(f"Gram SDP relaxation ({', '.join(sorted(solvers))}) over the star-shaped interacting spaces "
-                   f"{', '.join(gram_relaxed)}, certified by weak duality" + (" (the smaller bound of the two)" if relaxed else ""))
+                   f"{', '.join(gram_relaxed)}, certified by weak duality" + (" (the larger of the two lower bounds is kept)" if relaxed else ""))
     if exact:
         how.append(f"exact (assignment or Procrustes) over {', '.join(exact)}, which interact with no other "
                    "chosen space (no parameter carries two of them)")
