@@ -220,3 +220,90 @@ def test_the_whole_nanogpt_is_certified_with_its_residual() -> None:
             elems[s] = problem.spaces[s].group.sample(seed)
         moved = apply_elements(problem, elems, result.canonical_b)
         assert joint.bound <= squared_distance(result.canonical_a, moved, problem.params)
+
+
+# -- a permutation in a product with a fixed scaling --------------------------------------------
+
+RESD_SPEC = """
+symspec: 1
+name: resmlp_scaled
+dims:
+  d: shape("emb.weight", 0)
+  h: shape("fc1.weight", 0)
+spaces:
+  resid: O(d)
+  hid: S(h)
+  sc: D(h)
+params:
+  emb.weight: [resid, _]
+  fc1.weight: ["sc @ hid", resid*]
+  fc1.bias: ["sc @ hid"]
+  fc2.weight: [resid, "sc* @ hid*"]
+  fc2.bias: [resid]
+  head.weight: [_, resid*]
+  head.bias: invariant
+"""
+
+
+def _brute_resid(result: Any, perm_space: str) -> float:
+    """min over every permutation of ``perm_space`` (the other spaces at the result, the
+    residual excepted) and every orthogonal residual map, through symspec.transforms and
+    a Procrustes nuclear norm per permutation (not the certificate's quadratic model)."""
+    problem = result.bound.problem
+    a = {k: v.double() for k, v in result.canonical_a.items()}
+    b = {k: v.double() for k, v in result.canonical_b.items()}
+    d = problem.spaces["resid"].group.n
+    best = float("inf")
+    for perm in itertools.permutations(range(problem.spaces[perm_space].group.n)):
+        elems = {s: problem.spaces[s].group.to(e, dtype=torch.float64) for s, e in result.elements.items()}
+        elems[perm_space] = {"perm": torch.tensor(perm)}
+        elems["resid"] = problem.spaces["resid"].group.identity()
+        moved = apply_elements(problem, elems, b)
+        total, cross = 0.0, torch.zeros(d, d, dtype=torch.float64)
+        for p, pb in problem.params.items():
+            total += float(a[p].square().sum() + moved[p].square().sum())
+            axes = [ab.axis for ab in pb.axes if any(f.space == "resid" for seg in ab.segments for f in seg.factors)]
+            if axes:  # <A, O . moved> along the residual axis: <cross, O>
+                ta, tm = a[p].movedim(axes[0], 0).reshape(d, -1), moved[p].movedim(axes[0], 0).reshape(d, -1)
+                cross += ta @ tm.T
+            else:
+                total -= 2 * float((a[p] * moved[p]).sum())
+        best = min(best, total - 2 * float(torch.linalg.svdvals(cross).sum()))
+    return best
+
+
+@settings(max_examples=4, deadline=None)
+@given(d=st.integers(2, 4), h=st.integers(2, 5), seed=st.integers(0, 2**16))
+def test_a_permutation_under_a_fixed_scaling_is_modelled(d: int, h: int, seed: int) -> None:
+    """fc1's rows move by sc @ hid: the scaling (fixed at the result) acts after the
+    permutation, so ||g.B||^2 depends on it (linear in a permutation). The joint bound over
+    resid and hid is below the brute force, which is below the result."""
+    spec = loads_spec(RESD_SPEC, "resd.yaml")
+    result = align(ResMLP(d, h, seed), ResMLP(d, h, seed + 1), spec)
+    (joint,) = result.certify(per_space=False, joint_limit=0).joint
+    assert joint.available and joint.spaces == ("resid", "hid") and "sc" in joint.fixed, joint.reason
+    best = _brute_resid(result, "hid")
+    assert best <= joint.value + joint.noise
+    assert joint.bound <= best + 1e-9 * max(1.0, best)
+
+
+def test_an_orthogonal_map_under_a_fixed_scaling_is_not_modelled() -> None:
+    """A scaling applied after the residual's orthogonal map makes ||g.B||^2 quadratic in
+    it: the relaxation refuses the model (it does not guess) and says why."""
+    spec = loads_spec(RESD_SPEC.replace('fc2.weight: [resid, "sc* @ hid*"]', 'fc2.weight: ["sd @ resid", hid*]')
+                      .replace("  sc: D(h)\n", "  sc: D(h)\n  sd: D(d)\n"), "resd2.yaml")
+    result = align(ResMLP(3, 4, 0), ResMLP(3, 4, 1), spec)
+    (joint,) = result.certify(per_space=False).joint
+    assert not joint.available and "not orthogonal" in joint.reason
+
+
+def test_llama_units_and_residual_are_bounded_jointly_and_tight_when_planted() -> None:
+    """Llama's units move by mlp[i] @ up[i] (the scaling fixed at the result): the units
+    join the residual's Gram relaxation (the GQA RoPE heads stay fixed). A planted pair
+    (residual and units) is recovered and its gap is 0."""
+    model_a = ZOO["llama"](seed=0)
+    model_a = model_a[0] if isinstance(model_a, tuple) else model_a
+    twin = plant(model_a, "llama", seed=4, spaces=["resid", "mlp[0]", "mlp[1]"]).model
+    (joint,) = align(model_a, twin, "llama").certify(per_space=False).joint
+    assert joint.available and {"resid", "mlp[0]", "mlp[1]"} <= set(joint.spaces) and joint.gram_size > 0
+    assert abs(joint.gap) <= 1e-6 * max(1.0, joint.value) + joint.noise

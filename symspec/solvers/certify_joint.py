@@ -278,18 +278,33 @@ def build_model(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str,
                 idx[axis] = slice(seg.start, seg.stop)
             ba, bb = ta[tuple(idx)], tb[tuple(idx)]
             var_axes: list[tuple[int, _Var, Any]] = []
-            for axis, seg in combo:
-                spaces = [f.space for f in seg.factors]
-                if any(s in variables for s in spaces):
-                    if len(seg.factors) != 1:
-                        return f"{p}: a variable space in a product of factors"
-                    var_axes.append((axis, variables[spaces[0]], seg.factors[0]))
-                    continue
+            #: fixed factors applied after a variable (g.B = L M R B): L per variable axis
+            after: list[tuple[int, _Var, torch.Tensor]] = []
+
+            def fixed(factors: Any) -> torch.Tensor | None:
                 m = None
-                for f in seg.factors:  # fixed: their matrices, factors[-1] acting first
+                for f in factors:  # their matrices, factors[-1] acting first
                     g = problem.spaces[f.space].group
                     fm = g.matrix(elements[f.space], f.path, f.variance).double()  # type: ignore[arg-type]
                     m = fm if m is None else m @ fm
+                return m
+
+            for axis, seg in combo:
+                at = [i for i, f in enumerate(seg.factors) if f.space in variables]
+                if len(at) > 1:
+                    return f"{p}: two variable spaces in a product of factors"
+                if at:
+                    (i,) = at
+                    f = seg.factors[i]
+                    right = fixed(seg.factors[i + 1 :])
+                    if right is not None:  # acts before the variable: part of B
+                        bb = _apply_axis(right, bb, axis)
+                    left = fixed(seg.factors[:i])
+                    var_axes.append((axis, variables[f.space], f))
+                    if left is not None:
+                        after.append((axis, variables[f.space], left))
+                    continue
+                m = fixed(seg.factors)
                 if m is not None:
                     bb = _apply_axis(m, bb, axis)
             if not var_axes:
@@ -300,7 +315,27 @@ def build_model(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str,
             for _, v, f in var_axes:
                 if f.variance == "abs" and v.kind != "perm":
                     return f"{p}: an abs factor of an orthogonal variable"
-            model.k += float(ba.square().sum()) + float(bb.square().sum())
+            model.k += float(ba.square().sum())
+            b_norm = float(bb.square().sum())
+            for axis, v, left in after:  # <A, L M B'> = <L^T A, M B'>; ||L M B'||^2 below
+                ba = _apply_axis(left.T, ba, axis)
+                gram = left.T @ left
+                eye = torch.eye(gram.shape[0], dtype=gram.dtype)
+                tol = 1e-9 * float(gram.abs().max())
+                if float((gram - eye).abs().max()) <= tol:
+                    continue  # orthogonal: the norm is B''s
+                off = gram - torch.diag(torch.diagonal(gram))
+                if v.kind != "perm" or len(after) > 1 or float(off.abs().max()) > tol:
+                    return (f"{p}: {v.space} ({v.kind}) under a fixed factor that is not orthogonal "
+                            "(only a permutation under a fixed diagonal one is modelled)")
+                # ||L M B'||^2 = sum_kl M_kl w_kl: linear in a permutation (the other axis, if
+                # variable, is orthogonal and does not change it); F gets it through -2 inner
+                nb = _axis_front(bb, [axis]).square().sum(-1)
+                w = torch.einsum("ika,i,jla,j->kl", v.u, torch.diagonal(gram), v.u, nb)
+                assert model.c is not None
+                model.c[v.offset : v.offset + v.n * v.n] -= 0.5 * w.reshape(-1)
+                b_norm = 0.0
+            model.k += b_norm
             why = _add_block(model, ba, bb, var_axes)
             if why is not None:
                 return f"{p}: {why}"
@@ -780,10 +815,14 @@ def joint_bounds(problem: Problem, searched: Problem, canonical_a: Mapping[str, 
         if g.is_trivial() or not problem.params_of(s):
             continue
         got = variable(g)
-        if got is None or any(len(inc.segment.factors) > 1 for inc in problem.incidences(s)):
+        if got is None:
             unsupported.append(s)
         else:
             supported[s] = got
+    for s in list(supported):  # in a product of factors, the others must stay fixed
+        if any(f.space != s and f.space in supported for inc in problem.incidences(s) for f in inc.segment.factors):
+            unsupported.append(s)
+            del supported[s]
     note = ""
     if unsupported:
         kinds = sorted({str(searched.spaces[s].group) for s in unsupported})
