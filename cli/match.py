@@ -300,6 +300,9 @@ def _print_certificate(console: Any, cert: dict[str, Any]) -> None:
             how = f"{' and '.join(sdps)} SDP over the interacting spaces" if sdps else "exact, nothing lifted"
             console.print(f"  joint bound ({j['scope']}; {how}): the {what} is at least {j['bound']:.6g}; gap {j['gap']:.3g} "
                           f"({100 * (j['relative_gap'] or 0):.2f}%)")
+            if j.get("found") is not None:
+                console.print(f"    rounding the relaxation found an element with objective {j['found']:.6g}: this result "
+                              f"is at least {j['value'] - j['found']:.3g} above the minimum")
         else:
             console.print(f"  joint bound ({j['scope']}): {j['reason'][:160]}")
 

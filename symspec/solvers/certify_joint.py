@@ -125,6 +125,10 @@ class JointBound:
     seconds: float = 0.0
     #: the Gram relaxations' matrix sizes, summed (0 when none ran)
     gram_size: int = 0
+    #: the objective of a better element than the result, found by rounding the Gram
+    #: relaxation's solution (then coordinate ascent): proof that the result is at least
+    #: ``value - found`` above the minimum; None when none was better
+    found: float | None = None
 
     @property
     def gap(self) -> float | None:
@@ -135,7 +139,8 @@ class JointBound:
         return {"scope": self.scope, "spaces": list(self.spaces), "fixed": list(self.fixed), "lifted_size": self.size,
                 "available": self.available, "reason": self.reason, "value": self.value, "bound": self.bound,
                 "gap": g, "relative_gap": None if g is None or not self.value else g / self.value,
-                "whole_objective": self.whole, "gram_size": self.gram_size, "seconds": round(self.seconds, 4)}
+                "whole_objective": self.whole, "gram_size": self.gram_size, "found": self.found,
+                "seconds": round(self.seconds, 4)}
 
 
 def element_eps(elements: Mapping[str, Element]) -> float:
@@ -556,9 +561,11 @@ class _Rows:
         return ay, ap, cat(self.b, np.float64)
 
 
-def gram_relaxation(model: _Model, variables: list[_Var]) -> tuple[float, str]:
+def gram_relaxation(model: _Model, variables: list[_Var], rounded: dict[str, Any] | None = None) -> tuple[float, str]:
     """(certified upper bound on the inner part's maximum minus ``k0``, the solver used)
-    for a star (``model.hub``, built with it): see the module docstring."""
+    for a star (``model.hub``, built with it): see the module docstring. ``rounded``: if
+    given, receives ``x``, a group element (the model's variables) rounded from the
+    relaxation's solution and improved by :func:`star_descent`."""
     import cvxpy as cp
     from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
 
@@ -664,7 +671,66 @@ def gram_relaxation(model: _Model, variables: list[_Var]) -> tuple[float, str]:
             ri, ci = linear_sum_assignment(rv, maximize=True)
             total += float(rv[ri, ci].sum()) + 4 * v.n * v.n * _EPS * float(np.linalg.norm(rv))
         best = min(best, total)
+    if rounded is not None and p.value is not None and y.value is not None:
+        x = torch.zeros(model.n, dtype=torch.float64)
+        pv = np.asarray(p.value, dtype=np.float64)
+        for v in [vo, *perms]:
+            if v.kind == "perm":  # the nearest permutation to the relaxed one
+                sol = pv[poff[v.space] : poff[v.space] + v.n * v.n].reshape(v.n, v.n)
+                ri, ci = linear_sum_assignment(sol, maximize=True)
+                x[v.offset + ri * v.n + ci] = 1.0
+            else:  # the nearest orthogonal map to the relaxed one
+                u, _, vh = np.linalg.svd(np.asarray(y.value)[:m, m : 2 * m])
+                x[v.offset : v.offset + m * m] = torch.as_tensor(u @ vh).reshape(-1)
+        rounded["x"] = star_descent(model, variables, x)
     return best, used
+
+
+def star_descent(model: _Model, variables: list[_Var], x: torch.Tensor, rounds: int = 20) -> torch.Tensor:
+    """Coordinate ascent on a star's inner part from ``x``: the hub given the leaves
+    (Procrustes or an assignment: linear in it), then every leaf given the hub (an
+    assignment), until nothing improves; a group element whatever the start was."""
+    from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
+
+    assert model.c is not None and model.hub is not None
+    hub = model.hub
+    x = x.clone()
+
+    def best(v: _Var, c: torch.Tensor) -> None:
+        if v.kind == "perm":
+            ri, ci = linear_sum_assignment(c.numpy(), maximize=True)
+            m = torch.zeros(v.n, v.n, dtype=torch.float64)
+            m[torch.as_tensor(ri), torch.as_tensor(ci)] = 1.0
+        else:
+            u, _, vh = torch.linalg.svd(c)
+            m = u @ vh
+        x[v.offset : v.offset + v.n * v.n] = m.reshape(-1)
+
+    def part(v: _Var) -> torch.Tensor:
+        assert model.c is not None
+        return model.c[v.offset : v.offset + v.n * v.n].reshape(v.n, v.n).clone()
+
+    last = model.inner(x)
+    for _ in range(rounds):
+        c = part(hub)
+        for _, vp, f, g in model.factors:
+            pm = x[vp.offset : vp.offset + vp.n**2].reshape(vp.n, vp.n)
+            c += torch.einsum("Kkq,KL,Llq->kl", f, pm, g)
+        best(hub, c)
+        mo = x[hub.offset : hub.offset + hub.n**2].reshape(hub.n, hub.n)
+        for v in variables:
+            if v is hub:
+                continue
+            c = part(v)
+            for _, vp, f, g in model.factors:
+                if vp is v:
+                    c += torch.einsum("Kkq,kl,Llq->KL", f, mo, g)
+            best(v, c)
+        now = model.inner(x)
+        if now <= last + 1e-12 * max(1.0, abs(last)):
+            break
+        last = now
+    return x
 
 
 # -- components ----------------------------------------------------------------------------------
@@ -887,6 +953,7 @@ def _scope(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str, torc
     exact: list[str] = []
     relaxed: list[str] = []
     gram_relaxed: list[str] = []
+    improved = 0.0  # how much lower the rounded relaxations' elements are than the result
     for members, coupled in groups:
         f = fit.get(members)
         variables: dict[str, _Var] = {}
@@ -912,7 +979,10 @@ def _scope(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str, torc
                     solvers.add(used)
                     relaxed.extend(members)
                 if hub is not None:
-                    upper, used = gram_relaxation(model, list(variables.values()))
+                    rounded: dict[str, Any] = {}
+                    upper, used = gram_relaxation(model, list(variables.values()), rounded)
+                    if "x" in rounded:  # an element the relaxation points at: better than the result?
+                        improved += max(0.0, model.value(x) - model.value(rounded["x"]))
                     uppers.append(upper)
                     solvers.add(used)
                     gram_relaxed.extend(members)
@@ -959,4 +1029,4 @@ def _scope(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str, torc
                    "chosen space (no parameter carries two of them)")
     return JointBound(scope, tuple(chosen), fixed, lifted, True, "; ".join(how) + f": {what}" + note,
                       direct, min(bound, direct) if bound - direct <= noise else bound, whole, noise,
-                      time.perf_counter() - t0, grams)
+                      time.perf_counter() - t0, grams, max(value - improved, 0.0) if improved > noise else None)
