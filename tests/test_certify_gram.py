@@ -326,3 +326,22 @@ def test_llama_units_and_residual_are_bounded_jointly_and_tight_when_planted() -
     (joint,) = align(model_a, twin, "llama").certify(per_space=False).joint
     assert joint.available and {"resid", "mlp[0]", "mlp[1]"} <= set(joint.spaces) and joint.gram_size > 0
     assert abs(joint.gap) <= 1e-6 * max(1.0, joint.value) + joint.noise
+
+
+def test_match_certify_on_llama_folders_reports_the_gram_bound_and_a_better_element(tmp_path: Any) -> None:
+    """As a user would: two saved Hugging Face Llama folders (GQA, RoPE, untied head).
+    The report's joint bound covers the residual with the units (Gram); rounding its
+    solution finds an element below weight matching's result, and the CLI says so."""
+    import json
+
+    from .cli_files import run
+
+    for seed in (0, 1):
+        model = ZOO["llama"](seed=seed)
+        (model[0] if isinstance(model, tuple) else model).save_pretrained(tmp_path / f"m{seed}")
+    code, out, err = run("match", tmp_path / "m0", tmp_path / "m1", "--out", tmp_path / "o", "--certify")
+    assert code == 0, err
+    (joint,) = json.loads((tmp_path / "o" / "match.json").read_text())["certificate"]["joint"]
+    assert joint["available"] and joint["spaces"] == ["resid", "mlp[0]", "mlp[1]"] and joint["gram_size"] > 0
+    assert joint["bound"] <= joint["found"] < joint["value"]
+    assert "Gram SDP over the interacting spaces" in out and "rounding the relaxation found an element" in out
