@@ -38,36 +38,45 @@ from trained import command_line, write_results  # noqa: E402
 CHOSEN = ["resid", "attn[0]", "ff[0]"]
 
 
-def layer_models(seed: int, **size: Any) -> tuple[Any, Any, Any, torch.Tensor]:
-    """(dense model or None, star model, variables, the result's point) of layer 0 with the residual."""
+def scope_variables(result: Any, chosen: list[str]) -> tuple[Any, dict[str, Any], dict[str, Any], list[str], torch.Tensor]:
+    """(problem, the result's elements in float64, the certificate's variables for
+    ``chosen`` in the searched groups, the parameters they touch, the result's point)."""
     import attrs
 
-    from symspec.alignment import align
     from symspec.groups import parse
     from symspec.solvers import certify_joint as cj
-    from tests.zoo import ZOO
 
-    a, _ = ZOO["nanogpt"](seed=seed, **size)
-    b, _ = ZOO["nanogpt"](seed=seed + 10, **size)
-    result = align(a, b, "nanogpt", groups="perm,resid=full")
     problem = result.bound.problem
     spaces = {n: attrs.evolve(si, group=parse(result.searched[n])) if n in result.searched else si
               for n, si in problem.spaces.items()}
     elems = {s: problem.spaces[s].group.to(e, dtype=torch.float64) for s, e in result.elements.items()}
     variables: dict[str, Any] = {}
     offset = 0
-    for s in CHOSEN:
+    for s in chosen:
         kind, n, u, e0 = cj.variable(spaces[s].group)
         variables[s] = cj._Var(s, kind, n, u, e0, offset)
         offset += n * n
-    params = [p for p, pb in problem.params.items() if pb.spaces() & set(CHOSEN)]
+    params = [p for p, pb in problem.params.items() if pb.spaces() & set(chosen)]
+    x = torch.cat([cj._value_of(v, problem.spaces[s].group, elems[s]).reshape(-1) for s, v in variables.items()])
+    return problem, elems, variables, params, x
+
+
+def layer_models(seed: int, **size: Any) -> tuple[Any, Any, Any, torch.Tensor]:
+    """(dense model or None, star model, variables, the result's point) of layer 0 with the residual."""
+    from symspec.alignment import align
+    from symspec.solvers import certify_joint as cj
+    from tests.zoo import ZOO
+
+    a, _ = ZOO["nanogpt"](seed=seed, **size)
+    b, _ = ZOO["nanogpt"](seed=seed + 10, **size)
+    result = align(a, b, "nanogpt", groups="perm,resid=full")
+    problem, elems, variables, params, x = scope_variables(result, CHOSEN)
     dense = None
-    if offset <= cj.JOINT_LIMIT:
+    if sum(v.n**2 for v in variables.values()) <= cj.JOINT_LIMIT:
         dense = cj.build_model(problem, result.canonical_a, result.canonical_b, elems, variables, params)
     star = cj.build_model(problem, result.canonical_a, result.canonical_b, elems, variables, params, dense=False,
                           hub=variables["resid"])
     assert not isinstance(star, str) and not isinstance(dense, str)
-    x = torch.cat([cj._value_of(v, problem.spaces[s].group, elems[s]).reshape(-1) for s, v in variables.items()])
     return dense, star, variables, x
 
 

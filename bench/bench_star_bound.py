@@ -113,24 +113,13 @@ def star_bound(c_r: torch.Tensor, leaves: list[tuple[torch.Tensor, torch.Tensor]
 def layer_problem(result: Any, chosen: list[str], hub: str) -> tuple[Any, dict[str, Any], torch.Tensor, torch.Tensor, list[Any]]:
     """The quadratic model of the layer's objective (symspec.solvers.certify_joint), the
     variables, the result's point, and the star's hub term and leaves."""
-    import attrs
+    from bench_gram import scope_variables
 
-    from symspec.groups import parse
     from symspec.solvers import certify_joint as cj
 
-    problem = result.bound.problem
-    spaces = {n: attrs.evolve(si, group=parse(result.searched[n])) if n in result.searched else si
-              for n, si in problem.spaces.items()}
-    elems = {s: problem.spaces[s].group.to(e, dtype=torch.float64) for s, e in result.elements.items()}
-    variables: dict[str, Any] = {}
-    offset = 0
-    for s in chosen:
-        kind, n, u, e0 = cj.variable(spaces[s].group)
-        variables[s] = cj._Var(s, kind, n, u, e0, offset)
-        offset += n * n
-    params = [p for p, pb in problem.params.items() if pb.spaces() & set(chosen)]
+    problem, elems, variables, params, x = scope_variables(result, chosen)
     model = cj.build_model(problem, result.canonical_a, result.canonical_b, elems, variables, params)
-    x = torch.cat([cj._value_of(v, problem.spaces[s].group, elems[s]).reshape(-1) for s, v in variables.items()])
+    assert not isinstance(model, str)
     w, c = model.quadratic(), model.c
     h = variables[hub]
     hs = slice(h.offset, h.offset + h.n**2)

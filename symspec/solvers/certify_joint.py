@@ -469,6 +469,26 @@ def _sym(vec: np.ndarray, n1: int) -> np.ndarray:
     return 0.5 * (m + m.T)
 
 
+def _solve(prob: Any, constraint: Any, eps: float) -> str:
+    """Solve ``prob`` (SCS, Clarabel if SCS fails) for ``constraint``'s multipliers; the
+    solver's name. SCS (first order) is ~10x faster than Clarabel's interior point here,
+    whose KKT system is dense in a PSD cone's entries; its inaccuracy costs only
+    tightness, never validity (the callers certify the bound from the multipliers)."""
+    import cvxpy as cp
+
+    used = "SCS"
+    with warnings.catch_warnings():  # "may be inaccurate": the certificate accounts for it
+        warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+        try:
+            prob.solve(solver=cp.SCS, eps=eps, max_iters=SCS_ITERS)
+        except cp.error.SolverError:
+            used = "CLARABEL"
+            prob.solve(solver=cp.CLARABEL)
+    if constraint.dual_value is None:
+        raise RuntimeError(f"the SDP solver returned no multipliers ({prob.status})")
+    return used
+
+
 def solve_relaxation(model: _Model, variables: list[_Var]) -> tuple[float, str]:
     """(certified upper bound on max <C~, Y> over the relaxation, the solver used)."""
     import cvxpy as cp
@@ -486,20 +506,7 @@ def solve_relaxation(model: _Model, variables: list[_Var]) -> tuple[float, str]:
     cons = [amat @ vec == b]
     if sel is not None:
         cons.append(sel @ vec >= 0)
-    prob = cp.Problem(cp.Maximize(cp.sum(cp.multiply(ctil, y))), cons)
-    # SCS (first order): ~10x faster than Clarabel's interior point here, whose KKT
-    # system is dense in the PSD cone's N^2/2 entries; its inaccuracy costs only
-    # tightness, never validity (the bound is certified below)
-    used = "SCS"
-    with warnings.catch_warnings():  # "may be inaccurate": the certificate below accounts for it
-        warnings.filterwarnings("ignore", message="Solution may be inaccurate")
-        try:
-            prob.solve(solver=cp.SCS, eps=1e-6, max_iters=SCS_ITERS)
-        except cp.error.SolverError:
-            used = "CLARABEL"
-            prob.solve(solver=cp.CLARABEL)
-    if cons[0].dual_value is None:
-        raise RuntimeError(f"the SDP solver returned no multipliers ({prob.status})")
+    used = _solve(cp.Problem(cp.Maximize(cp.sum(cp.multiply(ctil, y))), cons), cons[0], 1e-6)
     tmax = 1.0 + sum(v.n for v in variables)
     best = math.inf
     for sign in (1.0, -1.0):  # whichever sign convention the solver's multipliers follow
@@ -647,17 +654,7 @@ def gram_relaxation(model: _Model, variables: list[_Var], rounded: dict[str, Any
     y = cp.Variable((size, size), PSD=True)
     p = cp.Variable(np_, nonneg=True)
     eq = ay @ cp.vec(y, order="F") + ap @ p == b
-    prob = cp.Problem(cp.Maximize(cp.sum(cp.multiply(ctil, y)) + cp_obj @ p), [eq])
-    used = "SCS"
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Solution may be inaccurate")
-        try:
-            prob.solve(solver=cp.SCS, eps=1e-7, max_iters=SCS_ITERS)
-        except cp.error.SolverError:
-            used = "CLARABEL"
-            prob.solve(solver=cp.CLARABEL)
-    if eq.dual_value is None:
-        raise RuntimeError(f"the SDP solver returned no multipliers ({prob.status})")
+    used = _solve(cp.Problem(cp.Maximize(cp.sum(cp.multiply(ctil, y)) + cp_obj @ p), [eq]), eq, 1e-7)
     best = math.inf
     for sign in (1.0, -1.0):
         yv = sign * np.asarray(eq.dual_value, dtype=np.float64).reshape(-1)
