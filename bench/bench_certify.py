@@ -1,9 +1,9 @@
 """Certificates of weight matching: how far a result is from the optimum, per kind of bound.
 
 For a few pairs: the global decoupled bound (norm-preserving groups only), the per-space
-bounds given the others (exact or relaxed, with their gaps), the joint SDP relaxation
-where the lifted size allows, the brute-force optimum where it is small enough to
-enumerate, and seconds. Pairs: a tiny MLP (planted and independent), a tiny layer on
+bounds given the others (exact or relaxed, with their gaps), the joint SDP relaxations
+(Shor where the lifted size allows, Gram for the residual's star), the brute-force
+optimum where it is small enough to enumerate, and seconds. Pairs: a tiny MLP (planted and independent), a tiny layer on
 both axes of a square weight (quadratic), the example nanoGPT built in-script (random
 weights, default groups and ``--groups perm``), and, when ../shared/data holds Tiny
 Shakespeare, two briefly trained character GPTs (bench/trained.py's ``gpt-quick``).
@@ -122,8 +122,10 @@ def run(name: str, a: nn.Module, b: nn.Module, spec: Any, groups: str | None = N
               f"({s.method}; {s.seconds:.3f} s)")
     for j in cert.joint:
         if j.available:
-            print(f"  joint SDP {j.scope} over {', '.join(j.spaces)} (N={j.size}): bound {j.bound:.6g}, value {j.value:.6g}, "
-                  f"gap {j.gap:.3g}{' (whole objective)' if j.whole else ''}; {j.seconds:.2f} s")
+            found = "" if j.found is None else f"; rounding the relaxation found {j.found:.6g}"
+            print(f"  joint SDP {j.scope} over {', '.join(j.spaces)} (Shor N={j.size}, Gram size {j.gram_size}): "
+                  f"bound {j.bound:.6g}, value {j.value:.6g}, gap {j.gap:.3g}{' (whole objective)' if j.whole else ''}"
+                  f"{found}; {j.seconds:.2f} s")
         else:
             print(f"  joint SDP {j.scope}: {j.reason[:150]}")
     return doc
