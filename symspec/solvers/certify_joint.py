@@ -574,7 +574,6 @@ def gram_relaxation(model: _Model, variables: list[_Var], rounded: dict[str, Any
     given, receives ``x``, a group element (the model's variables) rounded from the
     relaxation's solution and improved by :func:`star_descent`."""
     import cvxpy as cp
-    from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
 
     assert model.c is not None and model.hub is not None
     vo = model.hub
@@ -665,20 +664,15 @@ def gram_relaxation(model: _Model, variables: list[_Var], rounded: dict[str, Any
         total += size * 8 * _EPS * float(np.linalg.norm(smat)) * trace
         for v in [vo, *perms] if vo.kind == "perm" else perms:  # p: the assignment's maximum over Birkhoff
             rv = resid[poff[v.space] : poff[v.space] + v.n * v.n].reshape(v.n, v.n)
-            ri, ci = linear_sum_assignment(rv, maximize=True)
-            total += float(rv[ri, ci].sum()) + 4 * v.n * v.n * _EPS * float(np.linalg.norm(rv))
+            total += _group_max("perm", torch.as_tensor(rv))
         best = min(best, total)
     if rounded is not None and p.value is not None and y.value is not None:
         x = torch.zeros(model.n, dtype=torch.float64)
-        pv = np.asarray(p.value, dtype=np.float64)
-        for v in [vo, *perms]:
-            if v.kind == "perm":  # the nearest permutation to the relaxed one
-                sol = pv[poff[v.space] : poff[v.space] + v.n * v.n].reshape(v.n, v.n)
-                ri, ci = linear_sum_assignment(sol, maximize=True)
-                x[v.offset + ri * v.n + ci] = 1.0
-            else:  # the nearest orthogonal map to the relaxed one
-                u, _, vh = np.linalg.svd(np.asarray(y.value)[:m, m : 2 * m])
-                x[v.offset : v.offset + m * m] = torch.as_tensor(u @ vh).reshape(-1)
+        pv = torch.as_tensor(np.asarray(p.value, dtype=np.float64))
+        for v in [vo, *perms]:  # the nearest permutations and orthogonal map to the relaxed ones
+            sol = (pv[poff[v.space] : poff[v.space] + v.n * v.n].reshape(v.n, v.n) if v.kind == "perm"
+                   else torch.as_tensor(np.asarray(y.value, dtype=np.float64)[:m, m : 2 * m]))
+            x[v.offset : v.offset + v.n * v.n] = _group_argmax(v.kind, sol).reshape(-1)
         rounded["x"] = star_descent(model, variables, x)
     return best, used
 
@@ -687,21 +681,12 @@ def star_descent(model: _Model, variables: list[_Var], x: torch.Tensor, rounds: 
     """Coordinate ascent on a star's inner part from ``x``: the hub given the leaves
     (Procrustes or an assignment: linear in it), then every leaf given the hub (an
     assignment), until nothing improves; a group element whatever the start was."""
-    from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
-
     assert model.c is not None and model.hub is not None
     hub = model.hub
     x = x.clone()
 
     def best(v: _Var, c: torch.Tensor) -> None:
-        if v.kind == "perm":
-            ri, ci = linear_sum_assignment(c.numpy(), maximize=True)
-            m = torch.zeros(v.n, v.n, dtype=torch.float64)
-            m[torch.as_tensor(ri), torch.as_tensor(ci)] = 1.0
-        else:
-            u, _, vh = torch.linalg.svd(c)
-            m = u @ vh
-        x[v.offset : v.offset + v.n * v.n] = m.reshape(-1)
+        x[v.offset : v.offset + v.n * v.n] = _group_argmax(v.kind, c).reshape(-1)
 
     def part(v: _Var) -> torch.Tensor:
         assert model.c is not None
@@ -802,18 +787,38 @@ def gram_size(problem: Problem, members: tuple[str, ...], hub: str, m: int) -> i
 
 def linear_max(model: _Model, v: _Var) -> float:
     """max over the variable's group of ``c^T vec(M)`` (a model with no quadratic part):
-    the assignment's optimum for a permutation, the nuclear norm (the Procrustes value)
-    for an orthogonal map; plus a margin for rounding (n^2 eps ||C||_F), so an upper bound."""
+    see :func:`_group_max`."""
     assert model.c is not None
-    c = model.c[v.offset : v.offset + v.n * v.n].reshape(v.n, v.n)
-    if v.kind == "perm":
+    return _group_max(v.kind, model.c[v.offset : v.offset + v.n * v.n].reshape(v.n, v.n))
+
+
+def _group_max(kind: str, c: torch.Tensor) -> float:
+    """max of ``<c, M>`` over the permutations (``kind`` "perm": the assignment's optimum)
+    or the orthogonal maps (the nuclear norm: the Procrustes value); plus a margin for
+    rounding (n^2 eps ||C||_F), so an upper bound."""
+    n = c.shape[0]
+    if kind == "perm":
         from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
 
         rows, cols = linear_sum_assignment(c.numpy(), maximize=True)
         best = float(c[torch.as_tensor(rows), torch.as_tensor(cols)].sum())
     else:
         best = float(torch.linalg.svdvals(c).sum())
-    return best + 4 * v.n * v.n * _EPS * float(torch.linalg.vector_norm(c))
+    return best + 4 * n * n * _EPS * float(torch.linalg.vector_norm(c))
+
+
+def _group_argmax(kind: str, c: torch.Tensor) -> torch.Tensor:
+    """The element M maximising ``<c, M>``: a permutation matrix (the assignment) for
+    ``kind`` "perm", else the orthogonal polar factor U V^T."""
+    if kind == "perm":
+        from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
+
+        rows, cols = linear_sum_assignment(c.numpy(), maximize=True)
+        m = torch.zeros_like(c)
+        m[torch.as_tensor(rows), torch.as_tensor(cols)] = 1.0
+        return m
+    u, _, vh = torch.linalg.svd(c)
+    return u @ vh
 
 
 # -- scopes --------------------------------------------------------------------------------------
