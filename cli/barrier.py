@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from ._bounds import BATCH_SIZE, LIFT_FREE_STEPS
 from ._common import (
     EXIT_OK,
     MethodChoice,
@@ -51,12 +52,12 @@ MAX_POINTS = 1001
 @click.option("--spec", "spec_arg", metavar="PATH|NAME", help="Spec for the alignment methods (default: the model file's SPEC, else the built-in spec for the model's class).")
 @click.option("--device", default="cpu", show_default=True, help="Where to evaluate: cpu, cuda, cuda:1, ...")
 @click.option("--dtype", "dtype_name", type=click.Choice(["float32", "float64"]), help="Evaluate in this precision (default: the model's).")
-@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1), help="Examples per forward pass.")
+@click.option("--batch-size", default=64, show_default=True, type=BATCH_SIZE, help="Examples per forward pass.")
 @click.option("--max-samples", type=click.IntRange(min=1), help="Use at most this many examples (sequences, images) of the split.")
 @click.option("--plot", "plot_path", metavar="OUT.png", help="Write the curves (loss, and accuracy when it applies) as a PNG.")
 @click.option("--report", "report_path", metavar="OUT.json", help="Write the JSON report to a file.")
 @click.option("--markdown", "markdown_path", metavar="OUT.md", help="Write a markdown summary to a file.")
-@click.option("--lift-free", "lift_free", type=click.IntRange(min=0), default=0, metavar="N",
+@click.option("--lift-free", "lift_free", type=LIFT_FREE_STEPS, default=0, metavar="N",
               help="Models of different widths, aligned methods: after aligning, train the lift's free directions "
                    "(the readers' weights off B's residual span) for N steps on the train split (docs/width.md).  "
                    "[default: 0, off]")

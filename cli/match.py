@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from ._bounds import BATCH_SIZE, EPOCHS, LIFT_FREE_STEPS, SEED, STEPS
 from ._common import (
     FiniteFloat,
     MethodChoice,
@@ -321,20 +322,20 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--rounds", default=10, show_default=True, type=click.IntRange(0, 10000), help="At most this many rounds of the method's iteration."),
         click.option("--tol", default=1e-6, show_default=True, type=FiniteFloat(0), help="Stop once a round improves the objective by less than this (relative)."),
         click.option("--device", default="cpu", show_default=True, help="Where the dense work runs: cpu or cuda."),
-        click.option("--steps", "learn_steps", type=click.IntRange(min=1), metavar="N",
+        click.option("--steps", "learn_steps", type=STEPS, metavar="N",
                      help="learned: optimisation steps.  [default: 500, or --epochs]"),
-        click.option("--epochs", "learn_epochs", type=FiniteFloat(0), metavar="E",
+        click.option("--epochs", "learn_epochs", type=EPOCHS, metavar="E",
                      help="learned: passes over the train split instead of --steps."),
         click.option("--lr", "learn_lr", type=FiniteFloat(0), help="learned: peak learning rate of AdamW.  [default: 1e-2]"),
-        click.option("--batch-size", "learn_batch_size", type=click.IntRange(min=1),
+        click.option("--batch-size", "learn_batch_size", type=BATCH_SIZE,
                      help="learned: examples per step.  [default: the data's batches]"),
         click.option("--lambda", "learn_lambda", metavar="narrow|uniform|fixed:X",
                      help="learned: where lambda is drawn: narrow U(0.4, 0.6), uniform U(0, 1), or fixed:X.  [default: narrow]"),
         click.option("--permutations", "learn_permutations", type=click.Choice(["frozen", "ste", "sinkhorn"]),
                      help="learned: permutations kept at weight matching's, learned with a straight-through "
                           "estimator, or Sinkhorn soft permutations annealed to hard.  [default: frozen]"),
-        click.option("--seed", "learn_seed", type=int, help="learned: the seed of batch order and lambdas.  [default: 0]"),
-        click.option("--lift-free", "lift_free", type=click.IntRange(min=0), default=0, metavar="N",
+        click.option("--seed", "learn_seed", type=SEED, help="learned: the seed of batch order and lambdas.  [default: 0]"),
+        click.option("--lift-free", "lift_free", type=LIFT_FREE_STEPS, default=0, metavar="N",
                      help="B narrower than A: after aligning, train the lift's free directions (the readers' weights "
                           "off B's residual span, which B never uses) for N steps on the train split of --data, for the "
                           "interpolated model's loss (docs/width.md).  [default: 0, off]"),

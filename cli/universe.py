@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from ._bounds import SEED, STEPS
 from ._common import (
     EXIT_OK,
     FiniteFloat,
@@ -84,12 +85,12 @@ MAX_SIMPLEX_POINTS = 100_000
                    "locked while a run uses it).")
 @click.option("--setup", "worker_setup", metavar="MODULE:FUNCTION",
               help="Called once in every worker process (to register custom groups, solvers or alignment methods).")
-@click.option("--steps", "learn_steps", type=click.IntRange(min=1), metavar="N",
+@click.option("--steps", "learn_steps", type=STEPS, metavar="N",
               help="--method learned: steps of the learned refinement.  [default: 500]")
 @click.option("--lr", "learn_lr", type=FiniteFloat(min=0.0), help="--method learned: peak learning rate.  [default: 1e-2]")
 @click.option("--alpha", "learn_alpha", type=FiniteFloat(min=0.0),
               help="--method learned: the merging weights are drawn from Dirichlet(alpha 1).  [default: 0.1]")
-@click.option("--seed", "learn_seed", type=int, help="--method learned: seed of batch order and weights.  [default: 0]")
+@click.option("--seed", "learn_seed", type=SEED, help="--method learned: seed of batch order and weights.  [default: 0]")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
 @handle_errors
 def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factory: str | None, groups: str | None,

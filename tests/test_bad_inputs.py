@@ -122,6 +122,16 @@ def option(command: str, opt: str, bad: str, good: str, *more: str) -> Build:
     return build
 
 
+def learned(command: str, opt: str, bad: str, good: str) -> Build:
+    """``command --method learned`` (two steps on the word text) with ``opt`` set to
+    ``bad`` (or ``good``): learned matching's own flags are refused for other methods."""
+    def build(work: Path, base: Files, is_bad: bool) -> list[str]:
+        steps = [] if opt in ("--steps", "--epochs") else ["--steps", "2"]
+        return option(command, opt, bad, good, "--method", "learned", "--data", f"text:{base['text']}", *steps)(work, base, is_bad)
+
+    return build
+
+
 def every_command(make: Callable[[Path, Files, bool], Path], command: str) -> Build:
     """``command`` with the model file ``make`` builds as its first model."""
     def build(work: Path, base: Files, is_bad: bool) -> list[str]:
@@ -343,6 +353,20 @@ CASES = [
                                         "--max-samples", "4")(work, base, bad),
          "--resolution", "grid points"),
     Case("barrier-image-size-absurd", image_size, "size", "must be at most 1024"),
+    # seeds past 64 bits failed deep in torch ("Overflow when unpacking long long"); steps
+    # and sizes past any sensible range ran until killed: each bound says why it is there
+    Case("match-learned-seed-too-large", learned("match", "--seed", str(2**70), "1"), "--seed", "64-bit random generators"),
+    Case("merge-learned-seed-negative", learned("merge", "--seed", "-1", "0"), "--seed"),
+    Case("universe-learned-seed-too-large", learned("universe", "--seed", str(2**70), "1"), "--seed",
+         "64-bit random generators"),
+    Case("match-learned-steps-absurd", learned("match", "--steps", str(2**64), "2"), "--steps", "runs for weeks"),
+    Case("universe-learned-steps-absurd", learned("universe", "--steps", str(10**12), "2"), "--steps", "runs for weeks"),
+    Case("match-learned-epochs-absurd", learned("match", "--epochs", "1e12", "0.01"), "--epochs", "runs for weeks"),
+    Case("match-learned-batch-size-absurd", learned("match", "--batch-size", str(2**64), "4"), "--batch-size",
+         "exhausts memory"),
+    Case("match-lift-free-absurd", option("match", "--lift-free", str(10**12), "0"), "--lift-free", "runs for weeks"),
+    Case("barrier-lift-free-absurd", option("barrier", "--lift-free", str(2**64), "0"), "--lift-free", "runs for weeks"),
+    Case("barrier-batch-size-absurd", option("barrier", "--batch-size", str(10**12), "4"), "--batch-size", "exhausts memory"),
     # an unreachable Ray cluster: ray.init retried it for minutes
     Case("universe-ray-unreachable", ray_address, "--ray 127.0.0.1:", "cannot reach", seconds=RAY_CONNECT_TIMEOUT + 3),
 ]
