@@ -375,6 +375,12 @@ def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, o
     check_output(out, force, [model_a, model_b, factory, spec_arg, *data_inputs(data_arg)])
     dev = _device(device)
     learned_options(default_method(method, data_arg), learn)  # bad flags fail before any loading
+    if certify:
+        from symspec.alignment import get_method
+        from symspec.alignment.api import no_certificate
+
+        if not get_method(default_method(method, data_arg)).canonical:
+            raise _input_error(f"--certify: {no_certificate(default_method(method, data_arg))}")
     with _Progress(True) as progress:
         la, lb, spec = _load_pair(model_a, model_b, factory, spec_arg, progress)
         result = _align(la, lb, spec, method, data_arg, factory, progress, learn, groups=groups, rounds=rounds,

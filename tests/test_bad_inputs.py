@@ -366,6 +366,9 @@ CASES = [
          "exhausts memory"),
     Case("match-lift-free-absurd", option("match", "--lift-free", str(10**12), "0"), "--lift-free", "runs for weeks"),
     Case("barrier-lift-free-absurd", option("barrier", "--lift-free", str(2**64), "0"), "--lift-free", "runs for weeks"),
+    # vanilla averaging aligns nothing: its certificate was a KeyError on the first space
+    Case("match-certify-method-none", option("match", "--method", "none", "weight", "--certify"), "--certify",
+         "--method none aligns nothing"),
     Case("barrier-batch-size-absurd", option("barrier", "--batch-size", str(10**12), "4"), "--batch-size", "exhausts memory"),
     # an unreachable Ray cluster: ray.init retried it for minutes
     Case("universe-ray-unreachable", ray_address, "--ray 127.0.0.1:", "cannot reach", seconds=RAY_CONNECT_TIMEOUT + 3),

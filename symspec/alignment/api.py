@@ -124,6 +124,8 @@ class AlignResult:
         from ..groups import parse
         from ..solvers.certify import GRAM_LIMIT, JOINT_LIMIT, certify
 
+        if not get_method(self.method).canonical:
+            raise SymspecInputError(no_certificate(self.method))
         if self.canonical_b is None:
             raise SymspecInputError("a certificate needs canonical B: align(keep_canonical_b=True)")
         problem = self.bound.problem
@@ -155,6 +157,15 @@ class AlignResult:
             "timings": self.timings,
             **({"info": self.info} if self.info else {}),
         }
+
+
+def no_certificate(method: str) -> str:
+    """Why a method's result has no certificate: it searched no group (vanilla averaging
+    works on the raw weights, not on the canonical forms the spec's groups act on, so
+    the objective the bounds are about was never its objective)."""
+    return (f"--method {method} aligns nothing (it averages the raw weights, not the canonical forms the spec's "
+            "groups act on): there is no alignment to certify; use --certify with a method that aligns, "
+            "e.g. --method weight")
 
 
 def weight_distance(bound: BoundSpec, a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
