@@ -6,6 +6,8 @@ Accepted inputs (``load_model(path, factory=...)``):
 - a **Hugging Face folder** (``config.json`` plus ``model.safetensors`` or
   ``pytorch_model.bin``): the class named in ``config.architectures`` is rebuilt from
   ``transformers`` and loaded offline;
+- a **GGUF file** (``.gguf``, llama.cpp's format): read through transformers and
+  dequantised to float32, then handled as a Hugging Face model (:mod:`symspec.gguf`);
 - a **plain PyTorch state dict** (``.pt``, ``.pth``, ``.bin``; read with
   ``weights_only=True``, never unpickling arbitrary objects) or a **safetensors file**,
   together with ``factory``: a model file whose ``build()`` makes the module to load
@@ -78,7 +80,8 @@ class ModelFile:
         if "seed" in params:
             kwargs["seed"] = seed
         try:
-            return fn(model if model is not None else self.model, **kwargs)
+            with user_code(self.path, "in example_inputs()"):
+                return fn(model if model is not None else self.model, **kwargs)
         except (Exception, SystemExit) as e:
             raise ModelLoadError(f"{where_in(e, self.path)}: example_inputs() failed: {describe_failure(e)}") from e
 
@@ -108,9 +111,63 @@ class ModelFile:
         return str(spec)
 
 
+class ExitCalled(SystemExit):
+    """``os._exit(code)`` called by a user's code while :func:`user_code` guards it: a
+    SystemExit (so that ``except Exception`` in that code does not swallow it, and every
+    place that turns ``sys.exit`` into a located error does the same with it)."""
+
+
+def _refused_exit(code: int = 0) -> None:
+    raise ExitCalled(code)
+
+
+@contextlib.contextmanager
+def user_code(origin: str | Path, what: str) -> Any:
+    """Run a user's code (a model file's import, ``build()``, ``example_inputs()``, a data
+    hook) so that it cannot end the command or move it:
+
+    - ``os._exit(code)`` raises :class:`ExitCalled` instead of ending the process with
+      that code and no output (0 would read as success); the caller reports it like
+      ``sys.exit``. A forked child (a data loader's worker) still exits for real, and a C
+      extension that calls ``_exit`` itself is out of reach.
+    - the working directory is restored afterwards when the code changed it (relative
+      output paths mean the user's folder), with a ``note:`` on stderr naming ``origin``
+      and ``what`` it was running.
+    """
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:  # the folder was deleted under us: nothing to restore
+        cwd = None
+    previous = os._exit
+    pid = os.getpid()
+
+    def refuse(code: int = 0) -> None:
+        if os.getpid() != pid:  # a forked child runs the same code: let it exit
+            previous(code)
+        _refused_exit(code)
+
+    os._exit = refuse  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = previous
+        if cwd is not None:
+            try:
+                now: str | None = os.getcwd()
+            except OSError:
+                now = None
+            if now != cwd:
+                os.chdir(cwd)
+                moved = f"to {now}" if now is not None else "to a folder that no longer exists"
+                sys.stderr.write(f"note: {origin} changed the working directory {moved} ({what}); changed back to "
+                                 f"{cwd}, where relative paths are read and written\n")
+
+
 def describe_failure(e: BaseException) -> str:
     """One line for an exception raised by a user's code: its type and first line, or
     the exit code it asked for."""
+    if isinstance(e, ExitCalled):
+        return f"it called os._exit({e.code!r})"
     if isinstance(e, SystemExit):
         return f"it called sys.exit({'' if e.code is None else repr(e.code)})"
     lines = str(e).strip().splitlines()
@@ -150,7 +207,8 @@ def import_file(path: str | Path) -> ModuleType:
     if added:
         sys.path.insert(0, parent)
     try:
-        spec.loader.exec_module(module)
+        with user_code(p, "at import"):
+            spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:
         # SystemExit too: a file that calls sys.exit() must not end the command with its
         # exit code (0 would read as success)
@@ -167,7 +225,8 @@ def load_model_file(path: str | Path) -> ModelFile:
     build = getattr(module, "build", None)
     if callable(build):
         try:
-            model = build()
+            with user_code(path, "in build()"):
+                model = build()
         except (Exception, SystemExit) as e:
             raise ModelLoadError(f"{where_in(e, path)}: build() failed: {describe_failure(e)}") from e
     else:
@@ -194,6 +253,9 @@ class LoadedModel:
     #: module's (a float16 checkpoint loaded into the float32 module of a model file):
     #: :func:`save_model` writes them back in it. None: the module's own.
     dtypes: dict[str, torch.dtype] | None = None
+    #: where the model came from when ``format`` does not say it (a GGUF file read as a
+    #: Hugging Face model, dequantised: :mod:`symspec.gguf`)
+    note: str | None = None
 
     @property
     def name(self) -> str:
@@ -396,6 +458,10 @@ def load_model(path: str | Path, *, factory: str | Path | None = None) -> Loaded
         if (p / "config.json").exists():
             return LoadedModel(_load_hf(p), p, "hf")
         raise ModelLoadError(f"{path}: a folder without config.json is not a Hugging Face model")
+    if p.suffix.lower() == ".gguf":
+        from .gguf import load_gguf
+
+        return load_gguf(p)
     if p.suffix == ".py":
         mf = load_model_file(p)
         return LoadedModel(mf.model, p, "modelfile", mf)
@@ -407,7 +473,7 @@ def load_model(path: str | Path, *, factory: str | Path | None = None) -> Loaded
         load_state_dict_into(mf.model, sd, str(p))
         fmt = "safetensors" if p.suffix in SAFETENSORS_SUFFIXES else "state_dict"
         return LoadedModel(mf.model, p, fmt, mf, {k: v.dtype for k, v in sd.items() if v.is_floating_point()})
-    raise ModelLoadError(f"{path}: unknown model format (expected model.py, a Hugging Face folder, .pt/.pth/.bin or .safetensors)")
+    raise ModelLoadError(f"{path}: unknown model format (expected model.py, a Hugging Face folder, .gguf, .pt/.pth/.bin or .safetensors)")
 
 
 #: config fields that do not change what an evaluated model computes: where it came

@@ -12,6 +12,7 @@ The spec side is tests/test_bad_spec_inputs.py."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import time
@@ -244,7 +245,6 @@ def ray_address(work: Path, base: Files, is_bad: bool) -> list[str]:
     return [*args, "--ray", f"127.0.0.1:{closed_port()}"] if is_bad else args
 
 
-EXIT0 = "\nimport sys\nsys.exit(0)\n"
 #: a data() hook for barrier's --data hook, with the body given
 DATA_HOOK = """
 
@@ -305,19 +305,26 @@ CASES = [
     Case("check-rtol-in-model-file", check_file("rtol.py", "\nCHECK_RTOL = {'float64': float('nan')}\n",
                                                 "\nCHECK_RTOL = {'float64': 1e-8}\n"),
          "rtol.py", "CHECK_RTOL"),
-    # a model file that calls sys.exit(0): once exit 0 without a word, in every command
-    *(Case(f"{cmd}-model-file-exits-at-import", every_command(extra_file("quits.py", EXIT0), cmd), "quits.py",
-           "importing the model file failed: it called sys.exit(0)") for cmd in ("check", "match", "barrier", "universe")),
+    # a model file that calls sys.exit(0) or os._exit(0): once exit 0 without a word, in every command
+    *(Case(f"{cmd}-model-file-{how}-at-import", every_command(extra_file("quits.py", f"\nimport os, sys\n{call}\n"), cmd),
+           "quits.py", f"importing the model file failed: it called {call}")
+      for how, call in (("exits", "sys.exit(0)"), ("os-exits", "os._exit(0)")) for cmd in ("check", "match", "barrier", "universe")),
+    *(Case(f"{cmd}-build-os-exits", every_command(extra_file("quits.py", "\n_b = build\ndef build(**kw):\n    import os\n"
+                                                                         "    os._exit(0)\n"), cmd),
+           "quits.py", "build() failed: it called os._exit(0)") for cmd in ("check", "match", "barrier", "universe")),
     Case("check-build-exits", check_file("quits.py", "\n_b = build\ndef build(**kw):\n    import sys\n    sys.exit(0)\n"),
          "quits.py", "build() failed: it called sys.exit(0)"),
+    Case("check-example-inputs-os-exit", check_file("quits.py", "\ndef example_inputs(model, batch=2, seed=0):\n"
+                                                                "    import os\n    os._exit(3)\n"),
+         "quits.py", "example_inputs() failed: it called os._exit(3)"),
     Case("check-example-inputs-exit", check_file("quits.py", "\ndef example_inputs(model, batch=2, seed=0):\n"
                                                              "    raise SystemExit(3)\n"),
          "quits.py", "example_inputs() failed: it called sys.exit(3)"),
-    Case("barrier-data-hook-exits", lambda work, base, bad: [
-        "barrier", str(extra_file("hooked.py", DATA_HOOK.format(body="import sys\n    sys.exit(0)"),
+    *(Case(f"barrier-data-hook-{how}", lambda work, base, bad, call=call: [
+        "barrier", str(extra_file("hooked.py", DATA_HOOK.format(body=f"import os, sys\n    {call}"),
                                   DATA_HOOK.format(body=GOOD_BATCHES))(work, base, bad)),
         str(base["ckpt"]), "--data", "hook", "--points", "2"],
-         "hooked.py", "data('val') failed: it called sys.exit(0)"),
+           "hooked.py", f"data('val') failed: it called {call}") for how, call in (("exits", "sys.exit(0)"), ("os-exits", "os._exit(0)"))),
     # Hugging Face folders
     Case("hf-config-is-a-list", hf_config(lambda cfg: [cfg]), "config.json", "the config is a JSON list"),
     Case("hf-architectures-not-names", hf_config(lambda cfg: {**cfg, "architectures": [123]}), "config.json",
@@ -391,6 +398,14 @@ class Outcome:
     after: list[str]
 
 
+class RealExitReached(BaseException):
+    """os._exit was called outside symspec's guard (it would have ended the process)."""
+
+
+def _real_exit_reached(code: int = 0) -> None:
+    raise RealExitReached(code)
+
+
 def run_case(case: Case, base: Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: bool) -> Outcome:
     """Build the row's input in ``tmp_path/inputs``, run the command in the empty
     ``tmp_path/cwd`` (where its relative --out points)."""
@@ -400,6 +415,8 @@ def run_case(case: Case, base: Files, tmp_path: Path, monkeypatch: pytest.Monkey
     args = case.build(work, base, bad)
     before = tree(tmp_path)
     monkeypatch.chdir(cwd)
+    # an os._exit that reaches the real one would end pytest itself with exit 0: stand in for it
+    monkeypatch.setattr(os, "_exit", _real_exit_reached)
     t0 = time.perf_counter()
     code, out, err = run(*args)
     return Outcome(code, out, err, time.perf_counter() - t0, before, tree(tmp_path))

@@ -68,9 +68,12 @@ def hook_data(req: DataRequest) -> EvalData:
     unused = [k for k in src.options if k not in kwargs]
     if unused:
         raise DataError(f"--data {src}: the model file's data() takes no option '{unused[0]}'")
+    from symspec.loading import user_code
+
     try:
-        produced = fn(split, **kwargs)
-        batches = collect_batches(produced, req.max_samples)
+        with user_code(getattr(module, "__file__", None) or "the model file", f"in data({split!r})"):
+            produced = fn(split, **kwargs)
+            batches = collect_batches(produced, req.max_samples)
     except DataError:
         raise
     except (Exception, SystemExit) as e:  # the model file's own code: sys.exit() there is a failure too

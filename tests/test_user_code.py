@@ -1,0 +1,102 @@
+"""A model file's own code (its import, build(), example_inputs(), data hooks) runs under
+:func:`symspec.loading.user_code`: it can neither move the command to another working
+directory (relative output paths mean the user's folder) nor end it with ``os._exit``.
+The rows of tests/test_bad_inputs.py run every command on files that call ``os._exit``;
+here, the working directory and the guard itself."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from symspec.loading import ExitCalled, describe_failure, load_model, user_code
+from tests.cli_files import model_file, run, write_words
+
+#: a model file that moves to ``{away}`` when imported and again in build()
+MOVES = """
+import os
+os.chdir({away!r})
+_b = build
+
+
+def build(**kw):
+    os.chdir({away!r})
+    return _b(**kw)
+"""
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    vocab = write_words(tmp_path / "words.txt")
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    good = model_file(tmp_path, "good.py", vocab)
+    torch.save(load_model(good).model.state_dict(), tmp_path / "good.pt")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    return {"dir": tmp_path, "away": away, "cwd": cwd, "good": good, "ckpt": tmp_path / "good.pt",
+            "text": tmp_path / "words.txt",
+            "moves": model_file(tmp_path, "moves.py", vocab, extra=MOVES.format(away=str(away)))}
+
+
+@pytest.mark.parametrize("command", ["infer", "match", "barrier"])
+@pytest.mark.parametrize("model", ["moves", "good"])  # good: the control, written where it is asked too
+def test_relative_outputs_land_in_the_users_folder_when_the_model_file_changes_it(
+        files: dict[str, Path], command: str, model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    f, g, ck = str(files[model]), str(files["good"]), str(files["ckpt"])
+    args, written = {
+        "infer": (["infer", f, "--out", "rel_spec.yaml"], "rel_spec.yaml"),
+        "match": (["match", f, ck, "--model", g, "--out", "out", "--rounds", "1"], "out"),
+        "barrier": (["barrier", f, ck, "--model", g, "--data", f"text:{files['text']}", "--points", "2",
+                     "--max-samples", "4", "--report", "rep.json"], "rep.json"),
+    }[command]
+    monkeypatch.chdir(files["cwd"])
+    code, out, err = run(*args)
+    assert code == 0, (out, err)
+    assert f"wrote {written}" in out + err
+    assert (files["cwd"] / written).exists() and os.listdir(files["away"]) == []
+    assert Path.cwd() == files["cwd"]
+    notes = [line for line in err.splitlines() if "changed the working directory" in line]
+    if model == "moves":
+        assert len(notes) == 2 and "(at import);" in notes[0] and "(in build());" in notes[1], err
+        assert all(n.startswith(f"note: {f} changed the working directory to {files['away']}") for n in notes)
+    else:
+        assert notes == []
+
+
+def test_the_guard_turns_os_exit_into_an_error_and_restores_everything(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    real = os._exit
+    with pytest.raises(ExitCalled) as e, user_code("m.py", "in build()"):
+        os._exit(4)
+    assert describe_failure(e.value) == "it called os._exit(4)"
+    assert isinstance(e.value, SystemExit) and not isinstance(e.value, Exception)  # `except Exception` does not swallow it
+    assert os._exit is real
+    with user_code("m.py", "at import"):  # nested: the inner guard gives back the outer one
+        outer = os._exit
+        with user_code("n.py", "at import"):
+            assert os._exit is not outer
+        assert os._exit is outer
+    assert os._exit is real
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    with user_code("m.py", "at import"):
+        os.chdir(sub)
+    assert Path.cwd() == tmp_path
+
+
+def test_a_forked_child_of_user_code_still_exits() -> None:
+    """The guard is the parent's: a child forked meanwhile (a data loader's worker) that
+    calls os._exit ends, and does not go on running the parent's code."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    with user_code("m.py", "in data('train')"):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 7
