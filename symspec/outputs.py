@@ -59,6 +59,7 @@ TMP_PREFIX = ".symspec-tmp-"
 #: inside a staging folder: which output it builds, for which process
 MARKER = "staging.json"
 NAME_MAX = 255
+PATH_MAX = 4096
 
 
 def umask() -> int:
@@ -115,6 +116,13 @@ def _name_max(folder: Path) -> int:
         return NAME_MAX
 
 
+def _path_max(folder: Path) -> int:
+    try:
+        return int(os.pathconf(folder, "PC_PATH_MAX"))
+    except (OSError, ValueError):
+        return PATH_MAX
+
+
 def check_overlap(path: str | Path, option: str, inputs: Iterable[str | Path]) -> None:
     """Refuse an output that is, contains or lies inside one of ``inputs`` (symlinks
     resolved): writing it would replace or change an input, ``--force`` or not."""
@@ -169,6 +177,12 @@ def _check_writable(path: Path) -> None:
     limit = _name_max(probe)
     if any(len(os.fsencode(name)) > limit for name in missing):
         raise SymspecInputError(f"cannot write {path}: {os.strerror(errno.ENAMETOOLONG)}")
+    # the whole path, and its staged twin (built under the same parent), must fit PATH_MAX
+    staged = os.path.join(absolute.parent, f"{STAGING_PREFIX}{'x' * 8}", "output" + absolute.suffix[:16])
+    longest = max(len(os.fsencode(absolute)), len(os.fsencode(staged)))
+    if longest >= _path_max(probe):
+        raise SymspecInputError(f"cannot write {path}: {os.strerror(errno.ENAMETOOLONG)} (the whole path is longer "
+                                f"than the system allows, {_path_max(probe)} bytes); write it under a shorter path")
 
 
 def stale_staging(folder: str | Path) -> list[str]:
@@ -260,26 +274,78 @@ def terminate_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _make_parents(folder: Path) -> list[Path]:
-    """Create ``folder`` and its missing parents; returns those made, outermost first."""
-    made: list[Path] = []
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold Ctrl-C (and SIGTERM where a handler of ours turns it into an exception) while
+    the block runs, and deliver it right after: a step that makes something and records
+    it (a folder and the list of what to remove; a rename and its flag) is never cut in
+    two, so a roll-back always knows what there is to undo. Python runs signal handlers in
+    the main thread only, so elsewhere (and for a signal left to the system's default)
+    nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[tuple[int, object]] = []
+    saved: dict[int, Callable[[int, object], object]] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            saved[signum] = handler
+            signal.signal(signum, lambda s, frame: held.append((s, frame)))
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+        if held:
+            signum, frame = held[0]
+            saved[signum](signum, frame)  # raises KeyboardInterrupt (or our SIGTERM exit)
+
+
+def _make_parents(folder: Path, made: list[Path] | None = None) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns those made, outermost first.
+    Each one is appended to ``made`` as soon as it exists (an interrupt or a failure
+    further down leaves the caller a complete list to remove); without ``made``, a
+    failure removes those this call made before it raises."""
+    new: list[Path] = []
     todo: list[Path] = []
     p = Path(os.path.abspath(folder))
     while not os.path.lexists(p) and p != p.parent:
         todo.append(p)
         p = p.parent
-    for q in reversed(todo):
-        os.mkdir(q)
-        made.append(q)
-    return made
+    try:
+        for q in reversed(todo):
+            with deferred_interrupts():
+                os.mkdir(q)
+                new.append(q)
+                if made is not None:
+                    made.append(q)
+    except BaseException:
+        if made is None:
+            _remove_folders(new)
+        raise
+    return new
+
+
+def _remove_folders(made: Sequence[Path]) -> None:
+    """Remove the (empty) folders in ``made``, innermost first; one not empty stays."""
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def new_staging(target: Path) -> Path:
-    """A staging folder next to ``target``, with its marker."""
+    """A staging folder next to ``target``, with its marker. All or nothing: when the
+    marker cannot be written (a full disk lets ``mkdir`` pass and then has no byte for
+    the marker's text), the folder is removed before the error goes on."""
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=Path(os.path.abspath(target)).parent))
-    with open(staging / MARKER, "w") as f:
-        json.dump({"target": str(os.path.abspath(target)), "pid": os.getpid(), "host": socket.gethostname(),
-                   "started": time.time()}, f)
+    try:
+        with open(staging / MARKER, "w") as f:
+            json.dump({"target": str(os.path.abspath(target)), "pid": os.getpid(), "host": socket.gethostname(),
+                       "started": time.time()}, f)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return staging
 
 
@@ -349,8 +415,9 @@ def publish(items: Sequence[tuple[Target, Callable[[Path], None]]], *, force: bo
         with terminate_as_exit():
             for it in work:
                 current = it.target.path
-                made += _make_parents(it.target.path.parent)
-                it.staging = new_staging(it.target.path)
+                _make_parents(it.target.path.parent, made)
+                with deferred_interrupts():  # the folder exists only once roll-back knows it
+                    it.staging = new_staging(it.target.path)
                 if it.target.folder:
                     it.built.mkdir()
                 it.fill(it.built)
@@ -362,33 +429,35 @@ def publish(items: Sequence[tuple[Target, Callable[[Path], None]]], *, force: bo
                 if os.path.lexists(it.target.path):
                     if not force:
                         raise SymspecInputError(f"{it.target.path} exists; refusing to overwrite it (use {flag})")
-                    os.rename(it.target.path, it.previous)  # never follows a symlink: the link itself moves
-                    it.aside = True
-                os.rename(it.built, it.target.path)
-                it.placed = True
+                    with deferred_interrupts():  # moved aside and known to be: roll-back puts it back
+                        os.rename(it.target.path, it.previous)  # never follows a symlink: the link itself moves
+                        it.aside = True
+                with deferred_interrupts():
+                    os.rename(it.built, it.target.path)
+                    it.placed = True
     except BaseException as e:
         _roll_back(work, made)
         if isinstance(e, SymspecError) or not is_write_error(e):
             raise
         raise write_error(current, e) from e
-    for it in work:
-        if it.staging is not None:
-            shutil.rmtree(it.staging, ignore_errors=True)
+    with deferred_interrupts():  # published: an interrupt now leaves the outputs, not a half-removed staging
+        for it in work:
+            if it.staging is not None:
+                shutil.rmtree(it.staging, ignore_errors=True)
 
 
 def _roll_back(work: Sequence[_Item], made: Sequence[Path]) -> None:
-    """Undo :func:`publish` as far as it went (best effort: an interrupt may come again)."""
-    for it in reversed(work):
-        with contextlib.suppress(OSError):
-            if it.placed:
-                _remove(it.target.path)
-            if it.aside:
-                os.rename(it.previous, it.target.path)
-        if it.staging is not None:
-            shutil.rmtree(it.staging, ignore_errors=True)
-    for folder in reversed(made):
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+    """Undo :func:`publish` as far as it went. A second Ctrl-C waits until it is done."""
+    with deferred_interrupts():
+        for it in reversed(work):
+            with contextlib.suppress(OSError):
+                if it.placed:
+                    _remove(it.target.path)
+                if it.aside:
+                    os.rename(it.previous, it.target.path)
+            if it.staging is not None:
+                shutil.rmtree(it.staging, ignore_errors=True)
+        _remove_folders(made)
 
 
 def publish_bytes(targets: Sequence[tuple[Target, bytes]], *, force: bool, flag: str = "--force") -> None:
@@ -408,25 +477,42 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], *, folder: boo
     the one atomic write. A file is made empty for ``write`` to fill and gets the usual
     mode, ``0o666 & ~umask``; a ``folder`` is made empty for ``write`` to fill and replaces
     whatever ``path`` held. The sibling's name is short and fixed-prefixed
-    (:data:`TMP_PREFIX`), so any legal ``path`` works; a failure removes it."""
+    (:data:`TMP_PREFIX`), so any legal ``path`` works; a failure or an interrupt removes
+    it and the parent folders made for it, and leaves what ``path`` held."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    if folder:
-        tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=p.parent))
-    else:
-        fd, name = tempfile.mkstemp(prefix=TMP_PREFIX, dir=p.parent)
-        os.close(fd)
-        tmp = Path(name)
+    made: list[Path] = []
+    tmp: Path | None = None
     try:
+        _make_parents(p.parent, made)
+        with deferred_interrupts():  # made and known, or not made
+            if folder:
+                tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=p.parent))
+            else:
+                fd, name = tempfile.mkstemp(prefix=TMP_PREFIX, dir=p.parent)
+                os.close(fd)
+                tmp = Path(name)
         write(tmp)
-        if folder:
-            if p.exists() or p.is_symlink():
-                _remove(p)
-        else:
+        if not folder:
             os.chmod(tmp, file_mode())
-        os.replace(tmp, p)
+            os.replace(tmp, p)
+        else:
+            with deferred_interrupts():  # the old folder goes only once the new one is in place
+                old = tmp.with_name(tmp.name + ".old") if os.path.lexists(p) else None
+                if old is not None:
+                    os.rename(p, old)
+                try:
+                    os.replace(tmp, p)
+                except BaseException:
+                    if old is not None:
+                        os.rename(old, p)
+                    raise
+                if old is not None:
+                    _remove(old)
     except BaseException:
-        _remove(tmp)
+        with deferred_interrupts():
+            if tmp is not None:
+                _remove(tmp)
+            _remove_folders(made)
         raise
 
 
@@ -598,6 +684,7 @@ __all__ = [
     "check_outputs",
     "check_overlap",
     "clear_folder",
+    "deferred_interrupts",
     "existing_inputs",
     "file_mode",
     "folder_mode",

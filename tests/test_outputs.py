@@ -263,6 +263,72 @@ def test_a_write_that_fails_or_is_interrupted_leaves_nothing(
     assert tree(files["dir"]) == before
 
 
+def test_a_staging_folder_whose_marker_cannot_be_written_is_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk lets ``mkdir`` pass and fails the marker's first byte: the folder
+    made for it goes too (it once stayed, with an empty staging.json)."""
+    import symspec.outputs as outputs
+
+    out = tmp_path / "new" / "s.json"
+    real_dump = json.dump
+
+    def full(*args: Any, **kw: Any) -> None:
+        raise _enospc()
+
+    monkeypatch.setattr(outputs.json, "dump", full)
+    code, _, stderr = run("schema", "--out", out)
+    assert code == 2 and one_error_line(stderr) and f"cannot write {out}: No space left on device" in stderr
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(outputs.json, "dump", real_dump)  # the positive control
+    assert run("schema", "--out", out)[0] == 0 and out.exists() and not staging_left(tmp_path)
+
+
+@pytest.mark.parametrize("fault", ["disk-full", "interrupt"])
+@pytest.mark.parametrize("writer", ["publish", "atomic_write"])
+def test_the_parent_folders_made_before_a_failure_are_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: str, fault: str) -> None:
+    """The third of three missing folders cannot be made: the two made before it go."""
+    real_mkdir = os.mkdir
+
+    def mkdir(path: Any, *args: Any, **kw: Any) -> None:
+        if Path(path).name == "c" and Path(path).parent.is_dir():  # as a real failure comes: after its parents
+            raise FAULTS[fault]()
+        real_mkdir(path, *args, **kw)
+
+    out = tmp_path / "a" / "b" / "c" / "out.txt"
+
+    def write() -> None:
+        if writer == "publish":
+            publish([(Target(out, "--report"), lambda p: p.write_text("x"))], force=False)
+        else:
+            atomic_write(out, lambda p: p.write_text("x"))
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    with pytest.raises((SymspecInputError, OSError, KeyboardInterrupt)):
+        write()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(os, "mkdir", real_mkdir)
+    write()
+    assert out.read_text() == "x" and not staging_left(tmp_path)
+
+
+def test_an_interrupt_waits_for_a_step_that_must_not_be_cut_in_two() -> None:
+    from symspec.outputs import deferred_interrupts
+
+    done = []
+    with pytest.raises(KeyboardInterrupt), deferred_interrupts():
+        os.kill(os.getpid(), signal.SIGINT)
+        done.append("made")
+        done.append("recorded")
+    assert done == ["made", "recorded"]
+    with pytest.raises(KeyboardInterrupt):  # the negative case: without it, the step is cut
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):
+            done.append("late")
+    assert "late" not in done
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_universe_run_that_fails_to_load_leaves_no_folder(files: dict[str, Path], tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "garbage.pt").write_bytes(b"not a checkpoint")
