@@ -27,6 +27,9 @@ from ._common import (
     stdout_console,
 )
 
+#: how a bound that needs cvxpy says so (symspec.solvers.certify_joint.NEEDS_CVXPY; the
+#: certificate's not_available lists those, printed in full instead of the joint reason)
+NEEDS_CVXPY_MARK = "needs cvxpy"
 #: timer phases measured inside the solve:<kind> phases
 INNER_PHASES = {"assign", "svd", "iterate", "heads:similarity"}
 
@@ -304,8 +307,10 @@ def _print_certificate(console: Any, cert: dict[str, Any]) -> None:
             if j.get("found") is not None:
                 console.print(f"    rounding the relaxation found an element with objective {j['found']:.6g}: this result "
                               f"is at least {j['value'] - j['found']:.3g} above the minimum")
-        else:
+        elif NEEDS_CVXPY_MARK not in j["reason"]:
             console.print(f"  joint bound ({j['scope']}): {j['reason'][:160]}")
+    for line in cert.get("not_available") or []:  # in full: what is missing and how to get it
+        console.print(f"  {line}", soft_wrap=True, markup=False)
 
 
 def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:

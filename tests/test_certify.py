@@ -8,6 +8,7 @@ searched group is not norm-preserving (GL) the bound is refused, not guessed.
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any
 
 import torch
@@ -113,12 +114,12 @@ def test_no_bound_for_groups_that_are_not_norm_preserving() -> None:
     assert cert.available and 0 <= cert.bound <= cert.value
 
 
-def test_match_certify_in_the_report(tmp_path: Any) -> None:
-    import json
-
+def nanogpt_pair(tmp_path: Any, **kw: Any) -> tuple[Any, Any, Any]:
+    """Two nanoGPT checkpoints of the zoo (seeds 0 and 1; ``kw`` to its builder) and the
+    model file that builds them: (a.pt, b.pt, m.py)."""
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
-    model_a, _ = ZOO["nanogpt"]()
-    model_b, _ = ZOO["nanogpt"](seed=1)
+    model_a, _ = ZOO["nanogpt"](**kw)
+    model_b, _ = ZOO["nanogpt"](seed=1, **kw)
     torch.save(model_a.state_dict(), a)
     torch.save(model_b.state_dict(), b)
     factory = tmp_path / "m.py"
@@ -126,8 +127,15 @@ def test_match_certify_in_the_report(tmp_path: Any) -> None:
         "import sys\n"
         f"sys.path.insert(0, {str(EXAMPLES.parent)!r})\n"
         "from tests.zoo import ZOO\n"
-        "def build():\n    return ZOO['nanogpt']()[0]\n"
-        "def example_inputs(model, batch=2, seed=0):\n    return ZOO['nanogpt'](seed=seed)[1]\n")
+        f"def build():\n    return ZOO['nanogpt'](**{kw!r})[0]\n"
+        f"def example_inputs(model, batch=2, seed=0):\n    return ZOO['nanogpt'](seed=seed, **{kw!r})[1]\n")
+    return a, b, factory
+
+
+def test_match_certify_in_the_report(tmp_path: Any) -> None:
+    import json
+
+    a, b, factory = nanogpt_pair(tmp_path)
     code, out, err = run("match", a, b, "--model", factory, "--out", tmp_path / "o", "--groups", "perm", "--certify")
     assert code == 0, err
     cert = json.loads((tmp_path / "o" / "match.json").read_text())["certificate"]
@@ -263,6 +271,47 @@ def test_quadratic_space_relaxation_and_a_wrong_bound_caught() -> None:
     terms = stats.terms("hid")
     naive = float(objective(group, terms, solver_for(group).solve(group, terms, group.identity(), SolveContext())))
     assert naive > best + 1.0  # caught
+
+
+NEEDS = "not available: needs cvxpy (pip install 'symspec[convex]')"
+
+
+def test_without_cvxpy_every_bound_that_needs_it_is_listed(monkeypatch: Any) -> None:
+    """cvxpy hidden: the doubly stochastic per-space bound falls back to the decoupled one
+    (still a bound) and the joint Shor relaxation is not available; the certificate lists
+    both, each with how to get cvxpy. With cvxpy (the control) it lists none."""
+    spec = loads_spec(REC_SPEC, "rec.yaml")
+    result = align(Rec(5, 0), Rec(5, 1), spec)
+    assert result.certify().not_available == []
+    monkeypatch.setitem(sys.modules, "cvxpy", None)  # import cvxpy raises ImportError
+    cert = result.certify()
+    assert cert.not_available == [f"joint bound (all): the Shor SDP relaxation over hid: {NEEDS}",
+                                  f"per-space bound of hid: the doubly stochastic relaxation: {NEEDS}"]
+    assert cert.to_dict()["not_available"] == cert.not_available
+    (s,) = cert.per_space
+    assert s.bound <= _brute_space(result, "hid") + 1e-9 and NEEDS in s.method
+    (j,) = cert.joint
+    assert not j.available and j.reason.endswith(NEEDS)
+
+
+def test_match_certify_without_cvxpy_says_what_it_could_not_bound(tmp_path: Any, monkeypatch: Any) -> None:
+    """A permutation-only problem: the Gram relaxation of the residual's star needs cvxpy;
+    the CLI prints and match.json lists it (once 'cvxpy is not installed', no bound named)."""
+    import json
+
+    a, b, factory = nanogpt_pair(tmp_path, n_layer=1)
+    args = ["match", a, b, "--model", factory, "--groups", "perm", "--certify"]
+    code, out, err = run(*args, "--out", tmp_path / "with")
+    assert code == 0, err
+    assert json.loads((tmp_path / "with" / "match.json").read_text())["certificate"]["not_available"] == []
+    assert NEEDS not in out
+    monkeypatch.setitem(sys.modules, "cvxpy", None)
+    code, out, err = run(*args, "--out", tmp_path / "without")
+    assert code == 0, err
+    cert = json.loads((tmp_path / "without" / "match.json").read_text())["certificate"]
+    (line,) = cert["not_available"]
+    assert line == f"joint bound (all): the Gram SDP relaxation over resid, attn[0], ff[0]: {NEEDS}"
+    assert f"  {line}\n" in out and cert["available"]  # the decoupled bound needs no cvxpy
 
 
 def test_an_inaccurate_sdp_solve_still_gives_a_valid_bound(monkeypatch: Any) -> None:

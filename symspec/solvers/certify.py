@@ -59,7 +59,7 @@ from ..groups import SP, S
 from ..groups.classic import Sign
 from ..problem import Problem
 from ..statedict import squared_distance
-from .certify_joint import GRAM_LIMIT, JOINT_LIMIT, JointBound, joint_bounds
+from .certify_joint import GRAM_LIMIT, JOINT_LIMIT, NEEDS_CVXPY, JointBound, joint_bounds
 from .certify_space import SpaceBound, space_bounds
 
 
@@ -87,11 +87,18 @@ class Certificate:
         g = self.gap
         return None if g is None or not self.value else g / self.value
 
+    @property
+    def not_available(self) -> list[str]:
+        """Each bound that needs cvxpy and was not computed without it, as one line."""
+        joint = [f"joint bound ({j.scope}): {what}: {NEEDS_CVXPY}" for j in self.joint for what in j.needs_cvxpy]
+        space = [f"per-space bound of {b.space}: {b.needs_cvxpy}: {NEEDS_CVXPY}" for b in self.per_space if b.needs_cvxpy]
+        return joint + space
+
     def to_dict(self) -> dict[str, Any]:
         return {"available": self.available, "reason": self.reason, "lower_bound": self.bound, "objective": self.value,
                 "gap": self.gap, "relative_gap": self.relative_gap, "bound_kinds": dict(self.kinds),
                 "per_space": [b.to_dict() for b in self.per_space], "joint": [j.to_dict() for j in self.joint],
-                **({"lift": dict(self.lift)} if self.lift else {})}
+                "not_available": self.not_available, **({"lift": dict(self.lift)} if self.lift else {})}
 
     def best_bound(self) -> float | None:
         """The largest lower bound on the whole objective's global minimum: the decoupled

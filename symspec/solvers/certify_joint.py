@@ -94,6 +94,18 @@ GRAM_LIMIT = 600
 SCS_ITERS = 1500
 
 _EPS = float(torch.finfo(torch.float64).eps)
+#: what a bound that cvxpy solves says without it (the SDP relaxations, the doubly
+#: stochastic one): each such bound is listed, with this, in the certificate
+NEEDS_CVXPY = "not available: needs cvxpy (pip install 'symspec[convex]')"
+
+
+def have_cvxpy() -> bool:
+    """Whether cvxpy imports (an optional dependency: the ``convex`` extra)."""
+    try:
+        import cvxpy  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def noisy_gap(value: float | None, bound: float | None, noise: float) -> float | None:
@@ -129,6 +141,8 @@ class JointBound:
     #: relaxation's solution (then coordinate ascent): proof that the result is at least
     #: ``value - found`` above the minimum; None when none was better
     found: float | None = None
+    #: the relaxations this scope needed and could not solve without cvxpy
+    needs_cvxpy: tuple[str, ...] = ()
 
     @property
     def gap(self) -> float | None:
@@ -949,6 +963,12 @@ def _scope(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str, torc
     if not all(f.ok for f in fit.values()):
         return JointBound(scope, tuple(chosen), fixed, lifted, False,
                           _too_large(list(fit.values()), limit, gram_limit, supported) + note)
+    needed = [f"the {name} SDP relaxation over {', '.join(members)}" for members, coupled in groups if coupled
+              for name, used in (("Shor", fit[members].shor), ("Gram", fit[members].gram_ok and fit[members].hub is not None))
+              if used]
+    if needed and not have_cvxpy():  # said before any work, with every relaxation it needed
+        return JointBound(scope, tuple(chosen), fixed, lifted, False, f"{'; '.join(needed)}: {NEEDS_CVXPY}" + note,
+                          needs_cvxpy=tuple(needed))
     value = bound = scale = 0.0
     covered: set[str] = set()
     solvers: set[str] = set()
@@ -988,8 +1008,9 @@ def _scope(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str, torc
                     uppers.append(upper)
                     solvers.add(used)
                     gram_relaxed.extend(members)
-            except ImportError:
-                return JointBound(scope, tuple(chosen), fixed, lifted, False, "not available: cvxpy is not installed" + note)
+            except ImportError:  # cvxpy imports, a solver module of it does not
+                return JointBound(scope, tuple(chosen), fixed, lifted, False, f"{'; '.join(needed)}: {NEEDS_CVXPY}" + note,
+                                  needs_cvxpy=tuple(needed))
             upper = min(uppers)
         else:
             (v,) = variables.values()

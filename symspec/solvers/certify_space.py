@@ -55,7 +55,7 @@ from ..problem import Problem
 from .acting import transform
 from .assignment import assign
 from .base import SolveContext, SolverError, Term, objective, solver_for
-from .certify_joint import element_eps, noisy_gap
+from .certify_joint import NEEDS_CVXPY, element_eps, noisy_gap
 from .heads import _blocks, _part_terms, assign_heads
 from .weight_statistics import WeightStatistics
 
@@ -81,6 +81,8 @@ class SpaceBound:
     #: the rounding level of value and bound: a gap below it is zero
     noise: float = 0.0
     seconds: float = 0.0
+    #: the tighter bound this space would get with cvxpy (empty: none)
+    needs_cvxpy: str = ""
 
     @property
     def gap(self) -> float | None:
@@ -372,13 +374,14 @@ def _quadratic_space(problem: Problem, s: str, group: Group, a64: Mapping[str, t
     cur = max(value(m_cur), 0.0)
     scale = k_const + sum(float(aq.square().sum() + bq.square().sum()) for aq, bq in quads)
     noise = 16 * math.sqrt(n) * element_eps(elems) * scale
+    missing = ""
     if isinstance(group, S) and n <= DS_LIMIT:
         try:
             bound = _birkhoff_bound(k_const, cross, quads)
             return SpaceBound(s, name, "relaxation", "doubly stochastic relaxation (cvxpy), Frank-Wolfe certified",
                               cur, max(bound, 0.0), noise)
-        except ImportError:
-            pass
+        except ImportError:  # the looser decoupled bound below; the certificate lists this one
+            missing = "the doubly stochastic relaxation"
     # decoupled: the linear part's exact maximum, von Neumann for each quadratic block
     if isinstance(group, S):
         perm = assign(cross)
@@ -389,8 +392,9 @@ def _quadratic_space(problem: Problem, s: str, group: Group, a64: Mapping[str, t
     for aq, bq in quads:
         sa, sb = torch.linalg.svdvals(aq), torch.linalg.svdvals(bq)
         bound += float(aq.square().sum() + bq.square().sum()) - 2 * float((sa * sb).sum())
-    return SpaceBound(s, name, "relaxation", "decoupled: linear part exact, von Neumann for the quadratic part",
-                      cur, max(bound, 0.0), noise)
+    how = "decoupled: linear part exact, von Neumann for the quadratic part"
+    return SpaceBound(s, name, "relaxation", how + (f" ({missing}: {NEEDS_CVXPY})" if missing else ""),
+                      cur, max(bound, 0.0), noise, needs_cvxpy=missing)
 
 
 def _split_quadratic(problem: Problem, p: str, s: str, a: torch.Tensor,
