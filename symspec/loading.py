@@ -396,6 +396,16 @@ def load_state_dict_into(model: torch.nn.Module, sd: Mapping[str, torch.Tensor],
     for k, v in sd.items():
         if own[k].shape != v.shape:
             raise ModelLoadError(f"{source}: {k} has shape {list(v.shape)} in the checkpoint but {list(own[k].shape)} in {type(model).__name__}")
+    # load_state_dict casts silently: integer (or boolean) values where the model has
+    # floating-point weights are no trained weights (a cast or a wrong file), and would be
+    # matched and written as floats without a word. The model's own integer buffers
+    # (position ids) stay integers and are fine.
+    for k in (k for k in own if k in sd):  # the first in the model's order, whatever the file's
+        v = sd[k]
+        if own[k].is_floating_point() and not (v.is_floating_point() or v.is_complex()):
+            raise ModelLoadError(f"{source}: {k} holds {v.dtype} weights where the model has "
+                                 f"{str(own[k].dtype).removeprefix('torch.')}; "
+                                 "save the floating-point weights (the checkpoint's values were cast or it is another file)")
     model.load_state_dict(sd, strict=False)
 
 

@@ -177,6 +177,38 @@ def nonfinite_checkpoint(value: float) -> Build:
     return build
 
 
+#: a nanoGPT with an integer buffer of its own (position ids), saved in its checkpoints
+POSITION_IDS = "\n_b = build\ndef build(**kw):\n    m = _b(**kw)\n    m.register_buffer('position_ids', torch.arange(16))\n    return m\n"
+
+
+def integer_checkpoint(command: str, suffix: str = ".pt") -> Build:
+    """``command`` with a checkpoint whose floating-point weights were cast to int64 (it
+    was matched and written as float32 without a word). The good variant is the same
+    checkpoint uncast: the model's own integer buffer is an integer there too."""
+    def build(work: Path, base: Files, is_bad: bool) -> list[str]:
+        f = extra_file("posids.py", POSITION_IDS, POSITION_IDS)(work, base, is_bad)
+        sd = {k: v.clone() for k, v in load_model(f).model.state_dict().items()}
+        if is_bad:
+            sd = {k: v.to(torch.int64) if v.is_floating_point() else v for k, v in sd.items()}
+        ck = work / f"ints{suffix}"
+        if suffix == ".safetensors":
+            from safetensors.torch import save_file
+
+            save_file(sd, str(ck))
+        else:
+            torch.save(sd, ck)
+        m, c = str(f), str(ck)
+        return {
+            "check": ["check", c, "--model", m, "--samples", "1", "--dtype", "float64"],
+            "match": ["match", m, c, "--model", m, "--out", "out", "--rounds", "1"],
+            "merge": ["merge", m, c, "--model", m, "--out", "out", "--rounds", "1"],
+            "barrier": ["barrier", m, c, "--model", m, "--data", f"text:{base['text']}", "--points", "2", "--max-samples", "4"],
+            "universe": ["universe", c, m, "--model", m, "--out", "out", "--rounds", "1"],  # the checkpoint first: the reference
+        }[command]
+
+    return build
+
+
 def hf_config(edit: Callable[[dict], object] | bytes) -> Build:
     """``check`` on a copy of the GPT-2 folder whose config.json is edited (a function of
     the parsed config giving the new JSON value, or raw bytes)."""
@@ -302,6 +334,11 @@ CASES = [
          "nan.py", "NaN or inf weights in transformer.h.0.attn.c_proj.weight"),
     Case("check-inf-weights-in-checkpoint", nonfinite_checkpoint(float("inf")), "weights.pt",
          "NaN or inf weights in transformer.h.0.mlp.c_fc.weight"),
+    # integer weights where the model has floats: once cast to float32 and written without a word
+    *(Case(f"{cmd}-int64-weights{suffix.replace('.', '-')}", integer_checkpoint(cmd, suffix), f"ints{suffix}",
+           "transformer.wte.weight holds torch.int64 weights where the model has float32")
+      for cmd, suffix in (("check", ".pt"), ("match", ".pt"), ("match", ".safetensors"), ("merge", ".pt"),
+                          ("barrier", ".pt"), ("universe", ".pt"))),
     Case("check-rtol-in-model-file", check_file("rtol.py", "\nCHECK_RTOL = {'float64': float('nan')}\n",
                                                 "\nCHECK_RTOL = {'float64': 1e-8}\n"),
          "rtol.py", "CHECK_RTOL"),
