@@ -1,0 +1,200 @@
+"""GGUF checkpoints (llama.cpp's format) as model sources, read through transformers.
+
+A ``.gguf`` file is accepted wherever a model is (``load_model("model.gguf")``, and so
+``symspec check/infer/match/merge/barrier/universe model.gguf``). transformers' GGUF
+loader rebuilds the model class from the file's metadata and dequantises every tensor
+(F32, F16, BF16, Q8_0, Q4_K, ...) to a float dtype (float32 here). What transformers
+leaves behind marks the model as "quantised with gguf", which ``save_pretrained``
+refuses; that mark is removed, so the loaded model is an ordinary Hugging Face model
+(format ``"hf"``): results computed from it (an aligned or merged model) are written as a
+Hugging Face folder (``config.json`` + ``model.safetensors``). Nothing is written back as
+GGUF: the weights are no longer quantised, and llama.cpp's ``convert_hf_to_gguf.py``
+turns such a folder into a GGUF file again.
+
+Needs the ``gguf`` extra: ``pip install 'symspec[gguf]'`` (transformers, gguf and
+accelerate, which transformers asks for to load a GGUF file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from .loading import LoadedModel
+
+GGUF_SUFFIXES = (".gguf",)
+INSTALL = "pip install 'symspec[gguf]'"
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether ``path`` names a GGUF file (by its suffix, in any case)."""
+    return Path(path).suffix.lower() in GGUF_SUFFIXES
+
+
+def _require(path: Path) -> Any:
+    """The ``gguf`` module, after checking that transformers and accelerate are there too;
+    one line naming the extra otherwise."""
+    missing = []
+    for module in ("gguf", "transformers", "accelerate"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ModelLoadError(f"{path}: reading a GGUF file needs {', '.join(missing)}: {INSTALL}")
+    import gguf
+
+    return gguf
+
+
+def read_header(path: str | Path) -> tuple[str, Counter[str]]:
+    """The architecture a GGUF file names (``general.architecture``) and how many tensors
+    it stores in each type (``{"F32": 19, "Q8_0": 2}``), read without loading the weights;
+    a file that is not a complete GGUF file (truncated, another format) is one
+    :class:`ModelLoadError` line."""
+    p = Path(path)
+    gguf = _require(p)
+    if p.stat().st_size == 0:
+        raise ModelLoadError(f"{p}: the file is empty (0 bytes), not a GGUF checkpoint")
+    try:
+        reader = gguf.GGUFReader(str(p))
+        field = reader.fields.get("general.architecture")
+        arch = field.contents() if field is not None else None
+        types = Counter(t.tensor_type.name for t in reader.tensors)
+    except Exception as e:  # bad magic, a header or tensor data cut short: numpy's words for it
+        raise ModelLoadError(f"{p}: not a readable GGUF file, truncated or corrupt ({_first_line(e)})") from e
+    if not isinstance(arch, str) or not arch:
+        raise ModelLoadError(f"{p}: the GGUF file names no architecture (general.architecture); it cannot be rebuilt")
+    if not types:
+        raise ModelLoadError(f"{p}: the GGUF file holds no tensors")
+    return arch, types
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
+def _supported() -> list[str]:
+    try:
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    except ImportError:
+        return []
+    return [a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer")]
+
+
+def _unsupported(p: Path, arch: str) -> ModelLoadError:
+    import transformers
+
+    known = _supported()
+    listed = f" (it reads {', '.join(known)})" if known else ""
+    return ModelLoadError(f"{p}: transformers {transformers.__version__} cannot read GGUF architecture '{arch}'{listed}; "
+                          "a newer transformers may, else convert the model to a Hugging Face folder (config.json + "
+                          "safetensors) with the tool that made the GGUF file")
+
+
+def _model_class(config: Any) -> Any:
+    """The transformers class for a config rebuilt from GGUF metadata: the one it names
+    (``architectures``), else the causal LM for its model type (llama.cpp's models are
+    language models), else a sequence-to-sequence LM (T5), else the bare model."""
+    import transformers
+
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, name, None) if isinstance(name, str) and name.isidentifier() else None
+        if isinstance(cls, type):
+            return cls
+    for auto in ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModel"):
+        factory = getattr(transformers, auto)
+        with contextlib.suppress(Exception):
+            if type(config) in factory._model_mapping:
+                return factory
+    return transformers.AutoModel
+
+
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """transformers draws progress bars on stderr while it dequantises (a plain tqdm) and
+    loads the weights; a command's stderr is for errors and notes."""
+    from transformers import modeling_gguf_pytorch_utils as utils
+    from transformers.utils import logging
+
+    bar = getattr(utils, "tqdm", None)
+    shown = logging.is_progress_bar_enabled()
+    if bar is not None:
+        utils.tqdm = lambda iterable, *args, **kwargs: iterable  # type: ignore[attr-defined]
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bar is not None:
+            utils.tqdm = bar  # type: ignore[attr-defined]
+        if shown:
+            logging.enable_progress_bar()
+
+
+def _dequantised(model: Any) -> None:
+    """Drop the "quantised with gguf" mark transformers leaves on a GGUF-loaded model (its
+    weights are plain float tensors by now): ``save_pretrained`` refuses a model with it,
+    and the config must not say ``quantization_config`` when written."""
+    for owner, attr in ((model, "hf_quantizer"), (model, "quantization_method"), (model, "_weight_conversions"),
+                        (getattr(model, "config", None), "quantization_config")):
+        if owner is not None and attr in vars(owner):
+            delattr(owner, attr)
+        elif owner is not None and getattr(owner, attr, None) is not None:
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(owner, attr, None)
+    with contextlib.suppress(AttributeError, TypeError):
+        model.is_quantized = False
+
+
+def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """A GGUF file as a Hugging Face model, every tensor dequantised to ``dtype``.
+
+    The result's format is ``"hf"`` (results are written as a Hugging Face folder) and
+    its ``note`` says where it came from. Errors are one :class:`ModelLoadError` line: the
+    ``gguf`` extra missing (how to install it), a file that is not a complete GGUF file,
+    an architecture transformers does not read (named).
+    """
+    from .loading import LoadedModel, describe_failure
+
+    p = Path(path)
+    if not p.is_file():
+        raise ModelLoadError(f"{path}: no such file")
+    arch, types = read_header(p)
+    import transformers
+    from packaging.version import Version
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    folder, name = str(p.resolve().parent), p.name
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    except Exception as e:
+        if arch not in _supported() or "not supported" in str(e):
+            raise _unsupported(p, arch) from e
+        raise ModelLoadError(f"{p}: transformers cannot rebuild the model's config from the GGUF metadata "
+                             f"({describe_failure(e)})") from e
+    cls = _model_class(config)
+    # transformers 4.56 renamed torch_dtype to dtype
+    key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+    try:
+        with _quiet_progress():
+            model = cls.from_pretrained(folder, gguf_file=name, config=config, local_files_only=True, **{key: dtype})
+    except Exception as e:
+        raise ModelLoadError(f"{p}: transformers could not load the GGUF file as {type(config).__name__.removesuffix('Config')} "
+                             f"({describe_failure(e)})") from e
+    _dequantised(model)
+    model = model.to(dtype).eval()
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(types.items()))
+    note = (f"{p.name}: read from GGUF (architecture {arch}; tensors {kinds}) and dequantised to "
+            f"{str(dtype).removeprefix('torch.')}; models computed from it are written as a Hugging Face folder "
+            "(config.json + model.safetensors), not as GGUF")
+    return LoadedModel(model, p, "hf", note=note)
