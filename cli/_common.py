@@ -110,8 +110,10 @@ def stdout_console() -> Any:
     return console
 
 
-def resolve_spec(spec_arg: str | None, model: Any, hint: str | None = None) -> Any:
-    """--spec, else the model file's SPEC, else the built-in spec for the model's class."""
+def resolve_spec(spec_arg: str | None, model: Any, hint: str | None = None, model_args: str | None = None) -> Any:
+    """--spec, else the model file's SPEC, else the built-in spec for the model's class.
+    ``model_args``: the model as the user named it (shell-quoted), for the suggestion to
+    draft a spec with ``symspec infer``."""
     from symspec.errors import SymspecInputError
     from symspec.spec import builtin_names, load_spec, specs_for_class
 
@@ -122,7 +124,8 @@ def resolve_spec(spec_arg: str | None, model: Any, hint: str | None = None) -> A
     cls = type(model).__name__
     found = specs_for_class(cls)
     if not found:
-        raise SymspecInputError(f"no built-in spec fits {cls}; pass --spec PATH (built-in specs: {', '.join(builtin_names())})")
+        raise SymspecInputError(f"no built-in spec fits {cls} (built-in specs: {', '.join(builtin_names())}); pass --spec PATH, "
+                                f"or draft one with: symspec infer {model_args or 'MODEL'} --out spec.yaml")
     if len(found) > 1:
         raise SymspecInputError(f"several built-in specs fit {cls}: {', '.join(found)}; choose one with --spec")
     return load_spec(found[0])

@@ -62,6 +62,8 @@ def check_cmd(model_file: str, spec_arg: str | None, samples: int, seed: int, dt
     float64 and float32. Exit 0 when every row passes, 1 when any fails, 2 for bad
     input.
     """
+    import shlex
+
     from symspec.checker import check
     from symspec.errors import SymspecInputError
     from symspec.loading import load_model
@@ -73,7 +75,8 @@ def check_cmd(model_file: str, spec_arg: str | None, samples: int, seed: int, dt
     rtol = _parse_rtol(rtols)
     loaded = load_model(model_file, factory=factory)
     file_rtol = loaded.model_file.check_rtol() if loaded.model_file is not None else {}
-    spec = resolve_spec(spec_arg, loaded.model, loaded.spec_hint())
+    spec = resolve_spec(spec_arg, loaded.model, loaded.spec_hint(),
+                        model_args=shlex.join([model_file, *(["--model", factory] if factory else [])]))
     inputs = loaded.example_inputs(batch=batch, seed=seed)  # run once: inputs the model cannot take are named here
     rtol = {**file_rtol, **rtol}
     console = stderr_console()

@@ -226,3 +226,28 @@ def test_help_does_not_import_torch_or_matplotlib() -> None:
             "print(r.exit_code, 'torch' in sys.modules, 'matplotlib' in sys.modules, 'symspec.data' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["0", "False", "False", "False"]
+
+
+def test_a_hugging_face_folder_without_logits_is_told_to_pass_a_loss_hook(files: dict[str, Path], tmp_path: Path) -> None:
+    # the message once said "define loss(output, targets) in the model file": a folder has none
+    from tests.needs import optional
+
+    transformers = optional("transformers")
+    vocab = len(set(files["text"].read_text()))
+    config = transformers.GPT2Config(vocab_size=vocab, n_positions=16, n_embd=8, n_layer=1, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    transformers.GPT2Model(config).save_pretrained(tmp_path / "base")  # no LM head: hidden states, no logits
+    args = ("barrier", tmp_path / "base", tmp_path / "base", "--data", f"text:{files['text']}", "--points", "2",
+            "--max-samples", "4")
+    code, _, err = run(*args)
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and line.startswith("error: cannot find logits"), err
+    assert "--model hooks.py" in line and "'import torch'" in line and "'def loss(output, targets): return ...'" in line
+    assert "output.last_hidden_state" in line
+    # the advice, followed: the two lines (the return filled in) make the same command work
+    hooks = tmp_path / "hooks.py"
+    hooks.write_text("import torch\ndef loss(output, targets): return output.last_hidden_state.pow(2).mean()\n")
+    code, out, err = run(*args, "--model", hooks)
+    assert code == 0, err
+    assert "vanilla averaging" in out

@@ -128,3 +128,84 @@ def test_progress_bar_shows_the_task_on_a_terminal() -> None:
         bar.update(task, advance=2)
         bar.refresh()
     assert "aligning" in buf.getvalue() and "2/3" in buf.getvalue()
+
+
+#: a character model whose config names no context length (no block_size, n_positions, ...)
+NO_CONTEXT = '''
+import torch
+
+
+class Char(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding({vocab}, 8)
+        self.out = torch.nn.Linear(8, {vocab})
+
+    def forward(self, x):
+        return self.out(torch.relu(self.emb(x)))
+
+
+def build():
+    torch.manual_seed(0)
+    return Char()
+
+
+def example_inputs(model, batch=2, seed=0):
+    return (torch.randint(0, {vocab}, (batch, 4)),)
+'''
+
+
+def test_text_without_a_known_context_spells_out_the_data_option(tmp_path: Path) -> None:
+    # the message once ended "give block=N", leaving the user to guess where it goes
+    from tests.cli_files import write_words
+
+    text = tmp_path / "small.txt"
+    vocab = write_words(text)
+    model = tmp_path / "char.py"
+    model.write_text(NO_CONTEXT.format(vocab=vocab))
+    code, _, err = run("barrier", model, model, "--data", text, "--points", "2", "--max-samples", "4")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    suggested = f"text:{text},block=32"
+    assert err.strip().endswith(f"--data {suggested}"), err
+    code, _, err = run("barrier", model, model, "--data", suggested, "--points", "2", "--max-samples", "4")
+    assert code == 0, err  # the spelled-out form works as given
+
+
+#: a model no built-in spec fits
+MLP = '''
+import torch
+
+
+class TwoLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 6)
+        self.fc2 = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def build():
+    torch.manual_seed(0)
+    return TwoLayer()
+
+
+def example_inputs(model, batch=2, seed=0):
+    return (torch.randn(batch, 4, generator=torch.Generator().manual_seed(seed)),)
+'''
+
+
+def test_a_model_without_a_built_in_spec_is_told_to_infer_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "two layer.py").write_text(MLP)
+    code, _, err = run("check", "two layer.py")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith("; pass --spec PATH, or draft one with: symspec infer 'two layer.py' --out spec.yaml")
+    # the advice, followed word for word (its quoting included)
+    import shlex
+
+    code, _, err = run(*shlex.split(err.split("draft one with: symspec ", 1)[1]))
+    assert code == 0, err
+    code, out, err = run("check", "two layer.py", "--spec", "spec.yaml")
+    assert code == 0 and "all symmetries preserve the function" in out, err

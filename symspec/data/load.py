@@ -21,7 +21,13 @@ from symspec.data.base import (
     parse_source,
     slice_inputs,
 )
-from symspec.data.losses import call_model, default_accuracy_if_classes, logits_of
+from symspec.data.losses import (
+    call_model,
+    cross_entropy,
+    default_accuracy_if_classes,
+    has_logits,
+    logits_of,
+)
 
 
 def load_data(source: str | DataSource | None, *, model: torch.nn.Module | None = None, module: Any = None,
@@ -91,8 +97,8 @@ def check_fits(model: torch.nn.Module, data: EvalData, label: str = "the model")
         msg = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
         raise DataError(f"{data.name} does not fit {label}: it fails on the first batch with "
                         f"{type(e).__name__}: {msg}{_likely_cause(data)}") from e
-    if data.kind in ("text", "images"):
-        _check_outputs(logits_of(out), y, data, label)
+    if data.kind in ("text", "images") and (data.loss is cross_entropy or has_logits(out)):
+        _check_outputs(logits_of(out), y, data, label)  # a loss hook may read an output without logits
     try:
         value = data.loss(out, y)
     except (Exception, SystemExit) as e:

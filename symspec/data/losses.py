@@ -28,8 +28,28 @@ def logits_of(output: Any) -> torch.Tensor:
         return logits
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
-    raise DataError(f"cannot find logits in a model output of type {type(output).__name__}; "
-                    "define loss(output, targets) in the model file")
+    raise DataError(no_logits_message(output))
+
+
+def has_logits(output: Any) -> bool:
+    """Whether :func:`logits_of` finds logits in ``output``."""
+    try:
+        logits_of(output)
+    except DataError:
+        return False
+    return True
+
+
+def no_logits_message(output: Any) -> str:
+    """Why a model output has no logits, and how to score it instead: a ``loss`` hook,
+    which a Hugging Face folder (it has no model file) takes from ``--model hooks.py``."""
+    tensors = [str(k) for k, v in output.items() if isinstance(v, torch.Tensor)] if isinstance(output, Mapping) else []
+    field = f"output.{tensors[0]}" if tensors and tensors[0].isidentifier() else "output"
+    held = f" (its tensors: {', '.join(tensors[:6])})" if tensors else ""
+    return (f"cannot find logits in a model output of type {type(output).__name__}{held}; say how to score it with "
+            "loss(output, targets) in the model file, or, for a Hugging Face folder (it has no model file), in a file "
+            "passed as --model hooks.py that holds two lines: 'import torch' and "
+            f"'def loss(output, targets): return ...' (a scalar tensor computed from {field} and targets)")
 
 
 def cross_entropy(output: Any, targets: torch.Tensor) -> torch.Tensor:
@@ -44,7 +64,11 @@ def cross_entropy(output: Any, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def argmax_accuracy(output: Any, targets: torch.Tensor) -> torch.Tensor:
+def argmax_accuracy(output: Any, targets: torch.Tensor) -> torch.Tensor | float:
+    """The fraction of argmax hits; NaN (not reported) for an output without logits,
+    which only a model file's own loss can score."""
+    if not has_logits(output):
+        return math.nan
     logits = logits_of(output)
     return (logits.argmax(-1) == targets).float().mean()
 

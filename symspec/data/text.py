@@ -91,10 +91,18 @@ def _context(req: DataRequest, default_cap: int | None) -> int:
     context = _block_option(req, default)
     if context is None:
         raise DataError(f"--data {req.source}: the model's context length is unknown (no config.block_size, "
-                        "n_positions or max_position_embeddings); give block=N")
+                        f"n_positions or max_position_embeddings); give the window length as block=N: "
+                        f"--data {_with_option(req.source, 'block', '32')}")
     if model_ctx is not None and context > model_ctx:
         raise DataError(f"--data {req.source}: context {context} is longer than the model's {model_ctx} positions")
     return context
+
+
+def _with_option(src: Any, key: str, value: str) -> str:
+    """The full ``--data`` text of ``src`` with ``key=value`` added (``small.txt`` ->
+    ``text:small.txt,block=32``): what to type, not what to infer."""
+    head = f"{src.kind}:{src.arg}" if src.arg else src.kind
+    return ",".join([head, *(f"{k}={v}" for k, v in src.options.items() if k != key), f"{key}={value}"])
 
 
 def _character_ids(req: DataRequest, where: Path | str, part: str,
