@@ -207,3 +207,14 @@ def test_without_the_gguf_package_the_error_says_how_to_install_it(pair: dict[st
     _one_error_line(["check", pair["a_path"], "--samples", "1"], str(pair["a_path"]), "pip install 'symspec[gguf]'")
     monkeypatch.undo()
     assert load_model(pair["a_path"]).format == "hf"  # the positive control: with it, the file loads
+
+
+def test_universe_of_gguf_files_writes_folders_named_without_the_suffix(pair: dict[str, Any]) -> None:
+    out = pair["dir"] / "universe"
+    code, _, err = run("universe", pair["a_path"], pair["b_path"], "--out", out, "--json")
+    assert code == 0, err
+    # Hugging Face folders, not folders named like GGUF files
+    assert sorted(p.name for p in (out / "aligned").iterdir()) == ["00-a", "01-b"]
+    for folder in (out / "merged", out / "aligned" / "01-b"):
+        assert load_model(folder).format == "hf"
+    assert torch.allclose(logits(load_model(out / "merged").model), logits(pair["a"]), atol=1e-4)

@@ -102,7 +102,7 @@ def start_index(start: int | str, names: Sequence[str]) -> int:
 def model_key(index: int, width: int, name: str) -> str:
     """A unique file-safe name for a model: its index, then its file's stem."""
     stem = Path(name.rstrip("/")).name
-    for suffix in (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".py"):
+    for suffix in (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".py", ".gguf"):
         stem = stem.removesuffix(suffix)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "model"
     return f"{index:0{width}d}-{safe}"
