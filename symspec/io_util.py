@@ -1,10 +1,15 @@
 """JSON documents keep non-finite numbers as strings (files themselves are written by
-:mod:`symspec.outputs`: :func:`~symspec.outputs.atomic_write` and the rest)."""
+:mod:`symspec.outputs`: :func:`~symspec.outputs.atomic_write` and the rest); small input
+files (specs, lists, configs) are read whole, but only when they are regular files of a
+sane size (:func:`read_small_file`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import os
+import stat
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -24,4 +29,62 @@ def json_safe(x: Any) -> Any:
     return x
 
 
-__all__ = ["json_safe"]
+#: the most a text input read whole may hold (a spec with 100,000 parameters is 6 MiB)
+MAX_TEXT_BYTES = 64 * 2**20
+
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a pipe (FIFO)"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def read_small_file(path: str | Path, what: str, *, limit: int | None = None,
+                    error: Callable[[str], Exception] | None = None) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes; anything else is
+    refused as ``error(message)`` (default :class:`~symspec.errors.SymspecInputError`),
+    one line that names the file and says what ``what`` (``"spec file"``) should be.
+    ``limit`` defaults to :data:`MAX_TEXT_BYTES`.
+
+    A device or a pipe is refused before a byte is read: ``/dev/zero`` never ends (it
+    was read until memory ran out), and opening a FIFO waits for a writer (opened
+    non-blocking here). At most ``limit + 1`` bytes are read, whatever the size says.
+
+    >>> read_small_file("/dev/zero", "spec file")
+    Traceback (most recent call last):
+    ...
+    symspec.errors.SymspecInputError: /dev/zero: is a character device, not a spec file (a regular file)
+    """
+    from .errors import SymspecInputError
+
+    fail = error or SymspecInputError
+    limit = MAX_TEXT_BYTES if limit is None else limit
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise fail(f"{path}: no such {what}") from None
+    except OSError as e:
+        raise fail(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise fail(f"{path}: is a folder, not a {what}")
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "something other than a regular file")
+            raise fail(f"{path}: is {kind}, not a {what} (a regular file)")
+        chunks, size = [], 0
+        while size <= limit:  # a regular file may still grow while it is read
+            chunk = os.read(fd, min(limit + 1 - size, 2**20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise fail(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        most = f"{limit / 2**20:g} MiB" if limit >= 2**20 else f"{limit:,} bytes"
+        raise fail(f"{path}: larger than {most}, more than a {what} holds; is it the right file?")
+    return data
+
+
+__all__ = ["MAX_TEXT_BYTES", "json_safe", "read_small_file"]

@@ -247,6 +247,49 @@ def test_validate_reports_each_bad_file_and_passes_the_good_ones(tmp_path: Path,
     assert len(lines) == 2 and lines[0].startswith(f"error: {cyc}:") and lines[1].startswith(f"error: {zero}:")
 
 
+#: paths that are not a spec file to read: devices and pipes never end (``/dev/zero`` was
+#: read until memory ran out; opening a FIFO waited for a writer), and a file far larger
+#: than any spec is not one either
+NOT_A_FILE = [
+    ("dev-zero", "is a character device, not a spec file (a regular file)"),
+    ("fifo", "is a pipe (FIFO), not a spec file (a regular file)"),
+    ("too-large", "larger than 4,096 bytes, more than a spec file holds; is it the right file?"),
+    ("folder", "is a folder, not a spec file"),
+]
+
+
+@pytest.mark.parametrize("command", ["validate", "check"])
+@pytest.mark.parametrize(("kind", "expect"), NOT_A_FILE, ids=[k for k, _ in NOT_A_FILE])
+def test_a_spec_path_that_is_not_a_small_regular_file_is_one_line(kind: str, expect: str, command: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import symspec.io_util
+
+    monkeypatch.setattr(symspec.io_util, "MAX_TEXT_BYTES", 4096)
+    work = tmp_path / "work"
+    work.mkdir()
+    if kind == "dev-zero":
+        path = Path("/dev/zero")
+    elif kind == "fifo":
+        path = tmp_path / "spec.yaml"
+        os.mkfifo(path)  # no writer: reading it once waited forever
+    elif kind == "too-large":
+        path = tmp_path / "big.yaml"
+        path.write_text(GOOD + "#" * 4096 + "\n")  # a valid spec, padded past the limit
+    else:
+        path = tmp_path / "specs.yaml"
+        path.mkdir()
+    args = ("validate", path) if command == "validate" else ("check", GPT, "--spec", path, "--samples", "1")
+    code, _, err = run_in(work, monkeypatch, *args)
+    assert code == 2, err
+    assert error_lines(err) == [f"error: {path}: {expect}"]
+    if kind == "too-large":  # the control: the same spec under the limit is read
+        monkeypatch.setattr(symspec.io_util, "MAX_TEXT_BYTES", 2 * 4096 + len(GOOD))
+        code, _, err = run_in(work, monkeypatch, *args)
+        assert code == 0, err
+
+
 # -- a spec that does not fit the model -----------------------------------------------------
 
 def _tiny_llama(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:

@@ -15,6 +15,7 @@ import yaml
 
 from ..errors import GroupError, SpecError, suggest
 from ..groups import ALIASES, REGISTRY
+from ..io_util import read_small_file
 from .exprs import ExprError, parse_expr, static_errors
 from .groupexpr import GroupExpr, UnknownGroupError, parse_group_expr
 from .model import (
@@ -63,14 +64,8 @@ def load_spec(source: str | Path) -> Spec:
     # the working folder) does not hide that spec
     folder_named_builtin = p.is_dir() and builtin_path(str(source)) is not None
     if not folder_named_builtin and (p.suffix in (".yaml", ".yml") or p.exists()):
-        if not p.exists():
-            raise SpecError([], headline=f"{source}: no such spec file")
-        if p.is_dir():
-            raise SpecError([], headline=f"{source}: is a folder, not a spec file")
-        try:
-            data = p.read_bytes()
-        except OSError as e:
-            raise SpecError([], headline=f"{source}: cannot read the spec file: {e.strerror or e}") from None
+        # a regular file of a sane size: /dev/zero or a FIFO once ran until memory ran out
+        data = read_small_file(source, "spec file", error=lambda message: SpecError([], headline=message))
         return loads_spec(decode_spec(data, str(source)), str(source))
     path = builtin_path(str(source))
     if path is None:
