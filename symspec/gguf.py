@@ -31,13 +31,7 @@ from .errors import ModelLoadError
 if TYPE_CHECKING:
     from .loading import LoadedModel
 
-GGUF_SUFFIXES = (".gguf",)
 INSTALL = "pip install 'symspec[gguf]'"
-
-
-def is_gguf(path: str | Path) -> bool:
-    """Whether ``path`` names a GGUF file (by its suffix, in any case)."""
-    return Path(path).suffix.lower() in GGUF_SUFFIXES
 
 
 def _require(path: Path) -> Any:
@@ -70,10 +64,15 @@ def read_header(path: str | Path) -> tuple[str, Counter[str]]:
         field = reader.fields.get("general.architecture")
         arch = field.contents() if field is not None else None
         types = Counter(t.tensor_type.name for t in reader.tensors)
+        split = reader.fields.get("split.count")
+        shards = int(split.contents()) if split is not None else 1
     except Exception as e:  # bad magic, a header or tensor data cut short: numpy's words for it
         raise ModelLoadError(f"{p}: not a readable GGUF file, truncated or corrupt ({_first_line(e)})") from e
     if not isinstance(arch, str) or not arch:
         raise ModelLoadError(f"{p}: the GGUF file names no architecture (general.architecture); it cannot be rebuilt")
+    if shards > 1:  # transformers reads one file: the other shards' tensors would be missing
+        raise ModelLoadError(f"{p}: one shard of a GGUF model split in {shards} files; merge them first with llama.cpp's "
+                             f"`llama-gguf-split --merge {p.name} merged.gguf` and give merged.gguf")
     if not types:
         raise ModelLoadError(f"{p}: the GGUF file holds no tensors")
     return arch, types
@@ -178,7 +177,7 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Loaded
     try:
         config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
     except Exception as e:
-        if arch not in _supported() or "not supported" in str(e):
+        if "not supported" in str(e):
             raise _unsupported(p, arch) from e
         raise ModelLoadError(f"{p}: transformers cannot rebuild the model's config from the GGUF metadata "
                              f"({describe_failure(e)})") from e

@@ -48,9 +48,11 @@ def _rotary_order(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model: Any, path: Path, types: dict[str, str] | None = None, arch: str = "llama") -> Path:
+def write_gguf(model: Any, path: Path, types: dict[str, str] | None = None, arch: str = "llama",
+               shards: int = 1) -> Path:
     """``model`` (a LlamaForCausalLM) as a GGUF file; ``types``: a tensor type other than
-    F32 ("F16", "Q8_0") for the GGUF tensors whose names contain a key."""
+    F32 ("F16", "Q8_0") for the GGUF tensors whose names contain a key; ``shards`` > 1:
+    marked as the first of that many files (llama.cpp's split GGUF)."""
     cfg = model.config
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(cfg.max_position_embeddings)
@@ -63,6 +65,8 @@ def write_gguf(model: Any, path: Path, types: dict[str, str] | None = None, arch
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
+    if shards > 1:
+        w.add_uint16("split.count", shards)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
     for key, value in model.state_dict().items():
         stem, suffix = key.rsplit(".", 1)
@@ -201,10 +205,19 @@ def test_an_architecture_transformers_cannot_read_is_named(pair: dict[str, Any],
     assert "llama" in line  # what it does read
 
 
-def test_without_the_gguf_package_the_error_says_how_to_install_it(pair: dict[str, Any],
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
-    _one_error_line(["check", pair["a_path"], "--samples", "1"], str(pair["a_path"]), "pip install 'symspec[gguf]'")
+def test_one_shard_of_a_split_gguf_model_says_how_to_merge_the_shards(pair: dict[str, Any], tmp_path: Path) -> None:
+    path = write_gguf(pair["a"], tmp_path / "a-00001-of-00003.gguf", shards=3)
+    _one_error_line(["check", path, "--samples", "1"], str(path), "split in 3 files", "llama-gguf-split --merge")
+    # the same file, one shard of one: it loads
+    assert load_model(write_gguf(pair["a"], tmp_path / "whole.gguf", shards=1)).format == "hf"
+
+
+@pytest.mark.parametrize("module", ["gguf", "accelerate"])
+def test_without_the_gguf_extra_the_error_says_how_to_install_it(module: str, pair: dict[str, Any],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # `import MODULE` raises ImportError
+    _one_error_line(["check", pair["a_path"], "--samples", "1"], str(pair["a_path"]), f"needs {module}",
+                    "pip install 'symspec[gguf]'")
     monkeypatch.undo()
     assert load_model(pair["a_path"]).format == "hf"  # the positive control: with it, the file loads
 
