@@ -94,6 +94,10 @@ CASES = [
     Case("floor-div-zero", dim("config.n_embd // 0"), "dims.d: 'config.n_embd // 0': division by zero"),
     Case("mod-zero", dim("config.n_embd % (2 - 2)"), "dims.d: 'config.n_embd % (2 - 2)': division by zero"),
     Case("literal-div", dim("7 / 2"), "dims.d: '7 / 2': 7 is not divisible by 2"),
+    # sizes that are no sizes: validate passed them, binding failed far from the cause
+    Case("dims-zero", dim("0"), "dims.d: dimension d is 0; a dimension is a positive integer (a size)"),
+    Case("dims-negative", dim("-4"), "dims.d: dimension d is -4; a dimension is a positive integer (a size)"),
+    Case("dims-literal-zero", dim("2 * 8 - 16"), "dims.d: dimension d is 0; a dimension is a positive integer"),
 ]
 
 
@@ -245,6 +249,23 @@ def test_validate_reports_each_bad_file_and_passes_the_good_ones(tmp_path: Path,
     assert f"{good}: ok" in out
     lines = err.splitlines()
     assert len(lines) == 2 and lines[0].startswith(f"error: {cyc}:") and lines[1].startswith(f"error: {zero}:")
+
+
+@pytest.mark.parametrize(("expr", "value"), [("config.n_embd - 100", -36), ("config.n_embd - 64", 0), ("config.n_embd + 0", None)])
+def test_a_dimension_that_evaluates_to_no_size_is_refused_where_it_is_declared(
+        expr: str, value: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # validate cannot know config.n_embd (64 in the example); binding must say which dimension, and where
+    path = tmp_path / "dims.yaml"
+    path.write_text(dim(expr))
+    assert run_in(tmp_path, monkeypatch, "validate", path)[0] == 0
+    code, out, err = run_in(tmp_path, monkeypatch, "check", GPT, "--spec", path, "--samples", "1", "--dtype", "float64")
+    if value is None:  # the control: a positive value checks
+        assert code == 0 and "all symmetries preserve the function" in out, err
+        return
+    assert code == 2, err
+    line = (GOOD.splitlines().index("  d: config.n_embd") + 1)
+    assert (f"{path}:{line}:6: dims.d: dimension d = {expr}: evaluates to {value}; a dimension is a positive integer (a size)"
+            in error_lines(err))
 
 
 #: paths that are not a spec file to read: devices and pipes never end (``/dev/zero`` was

@@ -104,6 +104,21 @@ def static_errors(node: ast.expr) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def literal_value(node: ast.expr) -> int | None:
+    """The value of an expression that reads nothing from a model (``16``, ``-4``,
+    ``2 * 8``), else None (also when it cannot be evaluated: :func:`static_errors` says why).
+
+    >>> literal_value(parse_expr("2 * 8")), literal_value(parse_expr("config.n_embd - 100"))
+    (16, None)
+    """
+    if not _is_literal(node):
+        return None
+    try:
+        return DimContext().evaluate(node)
+    except ExprError:
+        return None
+
+
 def _is_literal(node: ast.expr) -> bool:
     """Whether ``node`` reads nothing from a model: integers, operators, min/max/first."""
     for sub in ast.walk(node):
@@ -276,7 +291,8 @@ class DimContext:
 
 
 def evaluate_dims(exprs: Mapping[str, ast.expr], ctx: DimContext) -> tuple[dict[str, int], dict[str, str]]:
-    """Evaluate named expressions in dependency order; returns (values, errors by name)."""
+    """Evaluate named expressions in dependency order; returns (values, errors by name).
+    A dimension is a size: a value of 0 or less is an error."""
     values: dict[str, int] = {}
     errors: dict[str, str] = {}
     pending = dict(exprs)
@@ -292,9 +308,14 @@ def evaluate_dims(exprs: Mapping[str, ast.expr], ctx: DimContext) -> tuple[dict[
             if not deps <= set(values):
                 continue
             try:
-                values[name] = DimContext({**ctx.dims, **values}, ctx.config, ctx.shapes, ctx.module).evaluate(node)
+                value = DimContext({**ctx.dims, **values}, ctx.config, ctx.shapes, ctx.module).evaluate(node)
             except ExprError as e:
                 errors[name] = str(e)
+            else:
+                if value > 0:
+                    values[name] = value
+                else:  # a size: a group of size 0 or -36 is no group, and slicing by it fails far later
+                    errors[name] = f"evaluates to {value}; a dimension is a positive integer (a size)"
             del pending[name]
             progressed = True
         if not progressed:

@@ -16,7 +16,7 @@ import yaml
 from ..errors import GroupError, SpecError, suggest
 from ..groups import ALIASES, REGISTRY
 from ..io_util import read_small_file
-from .exprs import ExprError, parse_expr, static_errors
+from .exprs import ExprError, literal_value, parse_expr, static_errors
 from .groupexpr import GroupExpr, UnknownGroupError, parse_group_expr
 from .model import (
     AxisExpr,
@@ -171,8 +171,12 @@ def _dims(src: Source, raw: Any) -> list[DimDecl]:
         unknown = _names(node) - declared
         for n in sorted(unknown):
             src.error(path, f"unknown dimension '{n}'", src.suggest(n, dim_keys))
-        for problem in static_errors(node):
+        problems = static_errors(node)
+        for problem in problems:
             src.error(path, problem)
+        value = None if problems else literal_value(node)
+        if value is not None and value <= 0:
+            src.error(path, f"dimension {name} is {value}; a dimension is a positive integer (a size)")
         parsed[name] = node
         out.append(DimDecl(name, str(expr), src.loc(path)))
     names = set(parsed)
