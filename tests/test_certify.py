@@ -11,6 +11,7 @@ import itertools
 import sys
 from typing import Any
 
+import pytest
 import torch
 import torch.nn as nn
 from hypothesis import given, settings
@@ -312,6 +313,58 @@ def test_match_certify_without_cvxpy_says_what_it_could_not_bound(tmp_path: Any,
     (line,) = cert["not_available"]
     assert line == f"joint bound (all): the Gram SDP relaxation over resid, attn[0], ff[0]: {NEEDS}"
     assert f"  {line}\n" in out and cert["available"]  # the decoupled bound needs no cvxpy
+
+
+#: ``symspec ARGS`` in a subprocess whose SCS solves print "solving" and, with
+#: SYMSPEC_TEST_HANG=1, never converge (only an interrupt ends them)
+SLOW_SCS = """
+import os, sys
+from symspec.solvers import certify_joint, convex
+real = convex.solve
+def solve(prob, solver, **opts):
+    if os.environ.get("SYMSPEC_TEST_HANG") and solver == "SCS":
+        certify_joint.SCS_ITERS = opts["max_iters"] = 10**9
+        opts["eps"] = 1e-300
+    print("solving", file=sys.stderr, flush=True)
+    return real(prob, solver, **opts)
+convex.solve = solve
+from symspec.cli.main import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("hang", [True, False], ids=["interrupted", "control"])
+def test_ctrl_c_during_the_sdp_solve_exits_130(tmp_path: Any, hang: bool) -> None:
+    """SCS catches SIGINT itself and returns "interrupted", which cvxpy reports as a
+    failed solve: the certificate retried with Clarabel, which on a small GPT-2 tried to
+    allocate 218 GB and aborted (exit -6). Now Ctrl-C in the solve exits 130 with
+    'interrupted' and writes nothing; the control (no interrupt) finishes and writes."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    a, b, factory = nanogpt_pair(tmp_path, n_layer=1)
+    env = {**os.environ, "SYMSPEC_TEST_HANG": "1" if hang else ""}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SCS, "match", str(a), str(b), "--model", str(factory), "--groups",
+                             "perm", "--certify", "--out", "out"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline() == "solving\n"
+        if hang:
+            time.sleep(0.5)  # inside SCS's iterations
+            proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    if not hang:
+        assert proc.returncode == 0, err
+        assert (tmp_path / "out" / "match.json").exists()
+        return
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert not [p.name for p in tmp_path.iterdir() if p.name == "out" or p.name.startswith(".symspec-staging")]
 
 
 def test_an_inaccurate_sdp_solve_still_gives_a_valid_bound(monkeypatch: Any) -> None:

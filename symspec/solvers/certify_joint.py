@@ -483,23 +483,37 @@ def _sym(vec: np.ndarray, n1: int) -> np.ndarray:
     return 0.5 * (m + m.T)
 
 
+class SDPFailed(RuntimeError):
+    """The relaxation could not be solved (the bound is then not available)."""
+
+
 def _solve(prob: Any, constraint: Any, eps: float) -> str:
-    """Solve ``prob`` (SCS, Clarabel if SCS fails) for ``constraint``'s multipliers; the
-    solver's name. SCS (first order) is ~10x faster than Clarabel's interior point here,
-    whose KKT system is dense in a PSD cone's entries; its inaccuracy costs only
-    tightness, never validity (the callers certify the bound from the multipliers)."""
+    """Solve ``prob`` (SCS, Clarabel if SCS fails and the problem is small) for
+    ``constraint``'s multipliers; the solver's name. SCS (first order) is ~10x faster
+    than Clarabel's interior point here, whose KKT system is dense in a PSD cone's
+    entries (a 574 x 574 Gram matrix: 218 GB); its inaccuracy costs only tightness,
+    never validity (the callers certify the bound from the multipliers). Ctrl-C during
+    SCS is KeyboardInterrupt (:func:`symspec.solvers.convex.solve`), never a retry."""
     import cvxpy as cp
+
+    from .convex import INTERIOR_POINT_MAX_BYTES, interior_point_bytes, solve
 
     used = "SCS"
     with warnings.catch_warnings():  # "may be inaccurate": the certificate accounts for it
         warnings.filterwarnings("ignore", message="Solution may be inaccurate")
         try:
-            prob.solve(solver=cp.SCS, eps=eps, max_iters=SCS_ITERS)
-        except cp.error.SolverError:
+            solve(prob, cp.SCS, eps=eps, max_iters=SCS_ITERS)
+        except cp.error.SolverError as e:
+            need = interior_point_bytes(prob)
+            if need > INTERIOR_POINT_MAX_BYTES:
+                raise SDPFailed(f"SCS failed ({e}) and Clarabel would need about {need / 2**30:.0f} GiB") from e
             used = "CLARABEL"
-            prob.solve(solver=cp.CLARABEL)
+            try:
+                prob.solve(solver=cp.CLARABEL)
+            except cp.error.SolverError as e2:
+                raise SDPFailed(f"SCS and Clarabel failed ({e2})") from e2
     if constraint.dual_value is None:
-        raise RuntimeError(f"the SDP solver returned no multipliers ({prob.status})")
+        raise SDPFailed(f"the SDP solver returned no multipliers ({prob.status})")
     return used
 
 
@@ -1011,6 +1025,8 @@ def _scope(problem: Problem, a: Mapping[str, torch.Tensor], b: Mapping[str, torc
             except ImportError:  # cvxpy imports, a solver module of it does not
                 return JointBound(scope, tuple(chosen), fixed, lifted, False, f"{'; '.join(needed)}: {NEEDS_CVXPY}" + note,
                                   needs_cvxpy=tuple(needed))
+            except SDPFailed as e:
+                return JointBound(scope, tuple(chosen), fixed, lifted, False, f"not available: {e}" + note)
             upper = min(uppers)
         else:
             (v,) = variables.values()

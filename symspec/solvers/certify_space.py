@@ -42,6 +42,7 @@ minimises when it solves s; its terms come from the same statistics
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -56,6 +57,7 @@ from .acting import transform
 from .assignment import assign
 from .base import SolveContext, SolverError, Term, objective, solver_for
 from .certify_joint import NEEDS_CVXPY, element_eps, noisy_gap
+from .convex import solve
 from .heads import _blocks, _part_terms, assign_heads
 from .weight_statistics import WeightStatistics
 
@@ -450,10 +452,13 @@ def _birkhoff_bound(k_const: float, cross: torch.Tensor, quads: list[tuple[torch
         for r in range(aq.shape[0]):
             obj = obj + cp.sum_squares(aq[r].numpy() @ x - x @ bq[r].numpy())
     prob = cp.Problem(cp.Minimize(obj), [cp.sum(x, axis=0) == 1, cp.sum(x, axis=1) == 1])
-    try:
+    try:  # no PSD cone (n <= DS_LIMIT): Clarabel's KKT system is small
         prob.solve(solver=cp.CLARABEL)
     except cp.error.SolverError:
-        prob.solve(solver=cp.SCS)
+        # Ctrl-C inside SCS is KeyboardInterrupt, not a failure; after a failure the
+        # Frank-Wolfe bound holds at any X: at the centre below
+        with contextlib.suppress(cp.error.SolverError):
+            solve(prob, cp.SCS)
     xs = torch.as_tensor(x.value if x.value is not None else np.full((n, n), 1.0 / n), dtype=torch.float64)
     return _frank_wolfe_bound(k_const, cross, quads, xs)
 
