@@ -140,6 +140,28 @@ def _quiet_progress() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
+def _decimal(value: Any) -> Any:
+    """A float that GGUF stored as float32 (``rms_norm_eps`` 1e-6 reads back as
+    9.99999997e-07) as the shortest decimal with that float32 value (1e-06), so that
+    the config matches the Hugging Face original's (a model merged with its GGUF copy
+    would be warned about "different configs"); other values as they are. Floats that are
+    not float32 numbers (a Python default such as 0.02) are left alone."""
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {k: _decimal(v) for k, v in value.items()}
+    if isinstance(value, float) and np.isfinite(value) and float(np.float32(value)) == value:
+        return float(str(np.float32(value)))
+    return value
+
+
+def _config_decimals(config: Any) -> None:
+    for key, value in list(vars(config).items()):
+        if not key.startswith("_") and isinstance(value, (float, dict)):
+            with contextlib.suppress(AttributeError, TypeError, ValueError):
+                setattr(config, key, _decimal(value))
+
+
 def _dequantised(model: Any) -> None:
     """Drop the "quantised with gguf" mark transformers leaves on a GGUF-loaded model (its
     weights are plain float tensors by now): ``save_pretrained`` refuses a model with it,
@@ -181,6 +203,7 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Loaded
             raise _unsupported(p, arch) from e
         raise ModelLoadError(f"{p}: transformers cannot rebuild the model's config from the GGUF metadata "
                              f"({describe_failure(e)})") from e
+    _config_decimals(config)
     cls = _model_class(config)
     # transformers 4.56 renamed torch_dtype to dtype
     key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"

@@ -123,6 +123,27 @@ def test_a_gguf_file_loads_as_the_model_it_was_written_from(pair: dict[str, Any]
     assert getattr(loaded.model, "hf_quantizer", None) is None
 
 
+def test_the_config_matches_the_hugging_face_original(pair: dict[str, Any]) -> None:
+    from symspec.loading import config_differences
+
+    # GGUF stores the norm epsilon as float32: 1e-6 reads back as 9.99999997e-07 ...
+    raw = gguf.GGUFReader(str(pair["a_path"])).fields["llama.attention.layer_norm_rms_epsilon"].contents()
+    assert raw != pair["a"].config.rms_norm_eps
+    # ... and is read as the decimal it was: no "different configs" against the original
+    loaded = load_model(pair["a_path"])
+    assert loaded.model.config.rms_norm_eps == pair["a"].config.rms_norm_eps
+    assert config_differences(loaded, pair["a"]) == {}
+
+
+def test_the_python_api_dequantises_to_the_dtype_asked_for(pair: dict[str, Any]) -> None:
+    from symspec.gguf import load_gguf
+
+    loaded = load_gguf(pair["a_path"], dtype=torch.float64)
+    assert {v.dtype for v in loaded.model.state_dict().values()} == {torch.float64}
+    assert "dequantised to float64" in loaded.note
+    assert torch.allclose(logits(loaded.model), logits(pair["a"]).double(), atol=1e-5)
+
+
 def test_f16_and_q8_0_tensors_are_dequantised_to_float32(pair: dict[str, Any]) -> None:
     path = write_gguf(pair["a"], pair["dir"] / "mixed.gguf", {"token_embd": "F16", "ffn_down": "Q8_0"})
     loaded = load_model(path)
