@@ -345,6 +345,11 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "off B's residual span, which B never uses) for N steps on the train split of --data, for the "
                           "interpolated model's loss (docs/width.md).  [default: 0, off]"),
         click.option("--model", "factory", metavar="MODEL.py", help="For state-dict checkpoints: the model file whose build() makes their module."),
+        click.option("--unfold-norms", "unfold_norms", is_flag=True,
+                     help="Write the output with its norms unfolded using A's norm gains (and biases): the norm weights "
+                          "are A's and the layers that read them are divided by them (same function), so the output "
+                          "compares with A's raw weights; writers stay mean-centred. Without it the output is in "
+                          "canonical form (norm gains 1, LayerNorm biases folded into the readers' biases)."),
         click.option("--force", is_flag=True, help="Replace an existing output folder."),
         click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of tables."),
     ]
@@ -365,7 +370,7 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @handle_errors
 def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, out: Path, method: str | None,
               data_arg: str | None, groups: str | None, rounds: int, tol: float, device: str, lift_free: int,
-              factory: str | None, force: bool, as_json: bool, **learn: Any) -> None:
+              unfold_norms: bool, factory: str | None, force: bool, as_json: bool, **learn: Any) -> None:
     """Align model B to model A under a spec, with any registered method (default: weight
     matching, data-free; learned matching: --method learned --data SOURCE, with --steps,
     --lr, --lambda, ...).
@@ -375,6 +380,11 @@ def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, o
     checkpoint becomes model.<ext>), its transform record (transform.safetensors and
     transform.json: the group element of every space, to re-apply or invert) and
     match.json (objective per round, time per phase). Exit 0 on success, 2 on bad input.
+
+    Aligned B is written in canonical form: norm gains folded into the layers that read
+    them (gains 1), LayerNorm biases folded into their biases, residual writers
+    mean-centred. It computes what B computes, but its norm weights differ from A's raw
+    ones even when the recovery is exact; --unfold-norms writes it with A's norm gains.
     """
     _quiet_threads()
     check_output(out, force, [model_a, model_b, factory, spec_arg, *data_inputs(data_arg)])
@@ -397,9 +407,10 @@ def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, o
         progress.phase("writing")
         files: list[str] = []
         lifted = result.info.get("lift")
+        aligned = _unfolded(result, result.aligned_b, la, extra) if unfold_norms else result.aligned_b
         data = _summary("match", model_a, model_b, out, files, result, extra)
         # a B lifted to A's widths is written in A's format and config
-        publish(out, force, _filler(la if lifted else lb, result.aligned_b, result, "match", data, files, (model_a, model_b)))
+        publish(out, force, _filler(la if lifted else lb, aligned, result, "match", data, files, (model_a, model_b)))
     if as_json:
         echo_json(data)
     else:
@@ -416,7 +427,7 @@ def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, o
 def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg: str | None, out: Path,
               method: str | None,
               data_arg: str | None, groups: str | None, rounds: int, tol: float, device: str, lift_free: int,
-              factory: str | None, force: bool, as_json: bool, **learn: Any) -> None:
+              unfold_norms: bool, factory: str | None, force: bool, as_json: bool, **learn: Any) -> None:
     """Write the interpolation (1 - alpha) A + alpha B, with B aligned to A first.
 
     The merged model keeps A's class and format; aligned, it is in canonical form (norm
@@ -464,6 +475,8 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
         progress.phase("writing")
         files: list[str] = []
         extra = {"groups": result.record.meta["groups"]} if result is not None else {"method": "none"}
+        if unfold_norms:
+            merged = _unfolded(result, merged, la, extra)
         data = _summary("merge", model_a, model_b, out, files, result, {"alpha": alpha, "aligned": not no_align, **extra})
 
         publish(out, force, _filler(la, merged, result, "merge", data, files, (model_a, model_b)))
@@ -471,6 +484,27 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
         echo_json(data)
     else:
         _print_summary(data)
+
+
+def _unfolded(result: Any, weights: Any, la: Any, extra: dict[str, Any]) -> Any:
+    """--unfold-norms: ``weights`` with their norms unfolded using A's gains and biases
+    (:func:`symspec.transforms.unfold_norms`); its notes go to stderr and, with the norms
+    unfolded, into the summary (``extra["unfold_norms"]``)."""
+    from symspec.alignment import get_method
+
+    if result is None or not (get_method(result.method).canonical or "lift" in result.info):
+        u = None
+        notes = [f"the method '{result.method if result is not None else 'none'}' works on the raw weights: "
+                 "no norm was folded, nothing to unfold"]
+    else:
+        from symspec.transforms import unfold_norms
+
+        u = unfold_norms(result.bound, weights, {k: v.detach() for k, v in la.model.state_dict().items()})
+        notes = u.notes
+    for note in notes:
+        click.echo(f"note: --unfold-norms: {note}", err=True)
+    extra["unfold_norms"] = {"unfolded": u.unfolded if u is not None else [], "notes": notes}
+    return u.state_dict if u is not None else weights
 
 
 def _filler(loaded: Any, weights: Any, result: Any, summary: str, data: dict[str, Any], files: list[str],

@@ -171,6 +171,14 @@ class CanonStep(ABC):
         """Change the module's structure as the op needs (nothing by default)."""
         return None
 
+    def undo(self, op: CanonOp, sd: dict[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> str | None:
+        """Undo the op on ``sd`` (a state dict in canonical form: new tensors, in place of
+        the dict's entries), with the values it removed taken from ``reference`` (the raw
+        weights of a model of the same shapes), keeping the function; a note when it
+        cannot or leaves something as it is. Default: nothing to undo (a step that only
+        removes what carries no function, such as centring, stays done)."""
+        return None
+
     def pieces(self, op: CanonOp) -> list[CanonOp]:
         """The op as smaller ops applied one after the other (itself by default), so that
         a step over many tensors never holds all their new values at once."""

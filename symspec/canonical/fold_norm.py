@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -132,6 +133,49 @@ class FoldNorm(CanonStep):
                 what = "its factor (gain_offset + weight)" if offset else "it"
                 raise CanonicalizationError(f"cannot fold {op.args['gain']}: {what} has zero entries and {bias_name} is kept")
             sd[bias_name] = bias / gain.to(bias.dtype)  # type: ignore[index]
+
+    def undo(self, op: CanonOp, sd: dict[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> str | None:
+        """Unfold the norm with the reference's gain ``g`` (and bias ``b``): the norm's
+        weight becomes the reference's, every reader ``W`` becomes ``W diag(f / g)`` (``f``:
+        the factor the norm has in ``sd``, 1 in canonical form) and, where the bias was
+        folded into the readers' biases, the norm's bias becomes ``b`` and leaves them
+        again (``r + W c - W' b``, ``c``: the norm's bias in ``sd``); a bias kept on the
+        norm becomes ``c g / f``. Exactly the same function for any ``g`` without zeros
+        (computed in float64). A zero in ``g`` or ``f`` leaves this norm folded (a note)."""
+        name = op.args["gain"]
+        bias_name = op.args.get("bias")
+        offset = op.args.get("gain_offset", 0)
+        if name not in reference or (bias_name and bias_name not in reference):
+            return f"{name}: the reference has no {name if name not in reference else bias_name}; this norm stays folded"
+        target = reference[name].double() + offset
+        current = sd[name].double() + offset
+        if tuple(target.shape) != tuple(current.shape):
+            return f"{name}: the reference's gain has shape {list(target.shape)}, not {list(current.shape)}; this norm stays folded"
+        for what, factor in (("the reference's gain", target), ("the gain here", current)):
+            if bool((factor == 0).any()):
+                told = f"{what} (gain_offset + weight)" if offset else what
+                return f"{name}: {told} has zero entries, which cannot be divided out; this norm stays folded"
+        if not bool(torch.isfinite(target).all()):
+            return f"{name}: the reference's gain is not finite; this norm stays folded"
+        scale = current / target
+        bias = sd[bias_name].double() if bias_name else None
+        ref_bias = reference[bias_name].double() if bias_name else None
+        moves_bias = bias is not None and op.args.get("fold_bias", True) and all(r.get("bias") for r in op.args["into"])
+        for r in op.args["into"]:
+            w, ax = sd[r["weight"]], r["axis"]
+            w64 = w.double()
+            new = w64 * _along(scale, ax, w.ndim)
+            if moves_bias:
+                b = sd[r["bias"]]
+                moved = (torch.tensordot(w64, bias, dims=([ax], [0]))  # type: ignore[arg-type]
+                         - torch.tensordot(new, ref_bias, dims=([ax], [0])))  # type: ignore[arg-type]
+                sd[r["bias"]] = (b.double() + moved.reshape(b.shape)).to(b.dtype)
+            sd[r["weight"]] = new.to(w.dtype)
+        sd[name] = reference[name].detach().to(device=sd[name].device, dtype=sd[name].dtype).clone()
+        if bias is not None and bias_name:
+            kept = ref_bias if moves_bias else bias * target / current
+            sd[bias_name] = kept.to(device=sd[bias_name].device, dtype=sd[bias_name].dtype)  # type: ignore[union-attr]
+        return None
 
     # -- reporting --------------------------------------------------------------------------
     def subject(self, op: CanonOp) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -68,6 +68,18 @@ class Untie(CanonStep):
 
     def apply_module(self, op: CanonOp, module: torch.nn.Module) -> None:
         untie_module(module, op.args["param"])
+
+    def undo(self, op: CanonOp, sd: dict[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> str | None:
+        from ..statedict import storage_key
+
+        name = op.args["param"]
+        ref = reference.get(name)
+        twins = [] if ref is None else [k for k, v in reference.items()
+                                        if k != name and isinstance(v, torch.Tensor) and storage_key(v) == storage_key(ref)]
+        if not twins:  # the reference holds it apart (a model that does not tie it): nothing was untied
+            return None
+        return (f"{name} stays untied from {', '.join(twins)}: its canonical copy was changed on its own "
+                "(a norm folded into it), so the two no longer hold the same values")
 
     def subject(self, op: CanonOp) -> str:
         return str(op.args["param"])

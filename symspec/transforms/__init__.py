@@ -11,9 +11,10 @@ from .apply import (
     sample_elements,
     transform_tensor,
 )
-from .canonical import canonicalize_model, canonicalize_state_dict
+from .canonical import Unfolded, canonicalize_model, canonicalize_state_dict, unfold_norms
 
 __all__ = [
+    "Unfolded",
     "apply_elements",
     "canonicalize_model",
     "canonicalize_state_dict",
@@ -22,4 +23,5 @@ __all__ = [
     "reversed_problem",
     "sample_elements",
     "transform_tensor",
+    "unfold_norms",
 ]
