@@ -11,8 +11,16 @@ Hugging Face folder (``config.json`` + ``model.safetensors``). Nothing is writte
 GGUF: the weights are no longer quantised, and llama.cpp's ``convert_hf_to_gguf.py``
 turns such a folder into a GGUF file again.
 
+To convert a GGUF file into a Hugging Face folder once (for other tools too)::
+
+    from symspec.loading import load_model, save_model
+
+    loaded = load_model("model.gguf")  # or symspec.gguf.load_gguf(path, dtype=torch.bfloat16)
+    save_model(loaded, loaded.model.state_dict(), "model-hf")  # config.json + model.safetensors
+
 Needs the ``gguf`` extra: ``pip install 'symspec[gguf]'`` (transformers, gguf and
-accelerate, which transformers asks for to load a GGUF file).
+accelerate, which transformers asks for to load a GGUF file). A model split into
+several GGUF files is refused with how to merge them (llama.cpp's ``llama-gguf-split``).
 """
 
 from __future__ import annotations
