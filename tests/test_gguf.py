@@ -252,3 +252,19 @@ def test_universe_of_gguf_files_writes_folders_named_without_the_suffix(pair: di
     for folder in (out / "merged", out / "aligned" / "01-b"):
         assert load_model(folder).format == "hf"
     assert torch.allclose(logits(load_model(out / "merged").model), logits(pair["a"]), atol=1e-4)
+
+
+def test_infer_and_barrier_take_gguf_files(pair: dict[str, Any]) -> None:
+    import random
+
+    d = pair["dir"]
+    code, _, err = run("infer", pair["a_path"], "--out", d / "inferred.yaml")
+    assert code == 0, err
+    assert (d / "inferred.yaml").is_file()
+    # a character text over the model's 32 symbols
+    rng = random.Random(0)
+    text = d / "chars.txt"
+    text.write_text("".join(rng.choice("abcdefghijklmnopqrstuvwxyzABCDEF") for _ in range(3000)))
+    code, out, err = run("barrier", pair["a_path"], pair["b_path"], "--data", f"text:{text}", "--points", "3", "--json")
+    assert code == 0, err
+    assert json.loads(out)["data"]["vocab"] == 32
