@@ -37,6 +37,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -117,7 +118,15 @@ class ExitCalled(SystemExit):
     place that turns ``sys.exit`` into a located error does the same with it)."""
 
 
+#: the guard of os._exit: how many user_code blocks run now (in any thread), the os._exit
+#: they replaced and the process that replaced it (a forked child exits for real)
+_guard_lock = threading.Lock()
+_guard: dict[str, Any] = {"depth": 0, "exit": None, "pid": None}
+
+
 def _refused_exit(code: int = 0) -> None:
+    if os.getpid() != _guard["pid"]:
+        _guard["exit"](code)
     raise ExitCalled(code)
 
 
@@ -138,19 +147,19 @@ def user_code(origin: str | Path, what: str) -> Any:
         cwd: str | None = os.getcwd()
     except OSError:  # the folder was deleted under us: nothing to restore
         cwd = None
-    previous = os._exit
-    pid = os.getpid()
-
-    def refuse(code: int = 0) -> None:
-        if os.getpid() != pid:  # a forked child runs the same code: let it exit
-            previous(code)
-        _refused_exit(code)
-
-    os._exit = refuse  # type: ignore[assignment]
+    # one replacement for nested and concurrent blocks, put back by the last one to end
+    with _guard_lock:
+        if _guard["depth"] == 0:
+            _guard.update(exit=os._exit, pid=os.getpid())
+            os._exit = _refused_exit  # type: ignore[assignment]
+        _guard["depth"] += 1
     try:
         yield
     finally:
-        os._exit = previous
+        with _guard_lock:
+            _guard["depth"] -= 1
+            if _guard["depth"] == 0:
+                os._exit = _guard["exit"]
         if cwd is not None:
             try:
                 now: str | None = os.getcwd()
