@@ -303,7 +303,8 @@ def probe_forward(model: torch.nn.Module, inputs: Any, name: str, origin: str = 
     training = model.training
     model.eval()  # no batch-norm statistics are updated by the probe
     try:
-        out = call_forward(model, inputs)
+        with user_code(model_file or name, f"in the model's forward on {origin}"):
+            out = call_forward(model, inputs)
     except (Exception, SystemExit) as e:
         where = where_in(e, model_file) if model_file is not None else ""
         at = f" (at {where})" if where and where != str(model_file) else ""

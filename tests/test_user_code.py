@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from symspec.errors import SymspecInputError
 from symspec.loading import ExitCalled, describe_failure, load_model, user_code
 from tests.cli_files import model_file, run, write_words
 
@@ -100,3 +101,25 @@ def test_a_forked_child_of_user_code_still_exits() -> None:
             os._exit(7)
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 7
+
+
+def _unguarded_exit(code: int = 0) -> None:
+    raise AssertionError(f"os._exit({code}) reached outside the guard")
+
+
+def test_a_forward_that_moves_or_exits_on_the_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first forward (the probe on the example inputs) runs guarded too."""
+    vocab = write_words(tmp_path / "words.txt")
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    body = "\n_b = build\ndef build(**kw):\n    m = _b(**kw)\n    f = m.forward\n    def forward(*a, **k):\n{}\n" \
+           "        return f(*a, **k)\n    m.forward = forward\n    return m\n"
+    moves = model_file(tmp_path, "moves.py", vocab, extra=body.format(f"        import os\n        os.chdir({str(away)!r})"))
+    quits = model_file(tmp_path, "quits.py", vocab, extra=body.format("        import os\n        os._exit(0)"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(os, "_exit", _unguarded_exit)  # were the guard missing, pytest itself would end
+    load_model(moves).example_inputs()
+    assert Path.cwd() == tmp_path
+    with pytest.raises(SymspecInputError, match=r"quits\.py: the model's forward failed on its example inputs "
+                                                r"\(at .*quits\.py:\d+\): it called os\._exit\(0\)"):
+        load_model(quits).example_inputs()
