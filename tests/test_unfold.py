@@ -158,6 +158,21 @@ def test_a_spec_without_folds_and_a_kept_tie_say_so() -> None:
     assert notes == [n for n in notes if n.startswith("lm_head.weight stays untied from transformer.wte.weight")] and notes
 
 
+def test_an_unfolding_that_would_overflow_in_float16_stays_folded() -> None:
+    op = CanonOp("fold_norm", {"gain": "g", "bias": None, "into": [{"weight": "w", "axis": 1, "bias": None}]})
+
+    class Bound:
+        canonical = (op,)
+
+    folded = {"g": torch.ones(2, dtype=torch.float16), "w": torch.full((3, 2), 100.0, dtype=torch.float16)}
+    tiny = {"g": torch.tensor([1e-3, 1.0], dtype=torch.float16), "w": folded["w"]}
+    u = unfold_norms(Bound(), folded, tiny)
+    assert u.notes == ["g: unfolding it makes w overflow in float16; this norm stays folded"] and u.unfolded == []
+    assert all(torch.equal(u.state_dict[k], folded[k]) for k in folded)
+    fine = unfold_norms(Bound(), folded, {"g": torch.tensor([0.5, 2.0], dtype=torch.float16)})  # the control
+    assert fine.unfolded == ["g"] and fine.state_dict["w"][0].tolist() == [200.0, 50.0]
+
+
 # -- the command line ---------------------------------------------------------------------------
 
 PLANTED_B = '''

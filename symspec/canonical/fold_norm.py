@@ -161,20 +161,25 @@ class FoldNorm(CanonStep):
         bias = sd[bias_name].double() if bias_name else None
         ref_bias = reference[bias_name].double() if bias_name else None
         moves_bias = bias is not None and op.args.get("fold_bias", True) and all(r.get("bias") for r in op.args["into"])
+        staged: dict[str, torch.Tensor] = {}  # written only once every new value is finite in its dtype
         for r in op.args["into"]:
             w, ax = sd[r["weight"]], r["axis"]
             w64 = w.double()
-            new = w64 * _along(scale, ax, w.ndim)
+            new = w64 * _along(scale.to(w.device), ax, w.ndim)
             if moves_bias:
                 b = sd[r["bias"]]
-                moved = (torch.tensordot(w64, bias, dims=([ax], [0]))  # type: ignore[arg-type]
-                         - torch.tensordot(new, ref_bias, dims=([ax], [0])))  # type: ignore[arg-type]
-                sd[r["bias"]] = (b.double() + moved.reshape(b.shape)).to(b.dtype)
-            sd[r["weight"]] = new.to(w.dtype)
-        sd[name] = reference[name].detach().to(device=sd[name].device, dtype=sd[name].dtype).clone()
+                moved = (torch.tensordot(w64, bias.to(w.device), dims=([ax], [0]))  # type: ignore[union-attr]
+                         - torch.tensordot(new, ref_bias.to(w.device), dims=([ax], [0])))  # type: ignore[union-attr]
+                staged[r["bias"]] = (b.double() + moved.reshape(b.shape).to(b.device)).to(b.dtype)
+            staged[r["weight"]] = new.to(w.dtype)
+        staged[name] = reference[name].detach().to(device=sd[name].device, dtype=sd[name].dtype).clone()
         if bias is not None and bias_name:
-            kept = ref_bias if moves_bias else bias * target / current
-            sd[bias_name] = kept.to(device=sd[bias_name].device, dtype=sd[bias_name].dtype)  # type: ignore[union-attr]
+            kept = ref_bias if moves_bias else bias * target.to(bias.device) / current.to(bias.device)
+            staged[bias_name] = kept.to(device=sd[bias_name].device, dtype=sd[bias_name].dtype)  # type: ignore[union-attr]
+        overflow = next((k for k, v in staged.items() if not bool(torch.isfinite(v).all())), None)
+        if overflow is not None:
+            return f"{name}: unfolding it makes {overflow} overflow in {str(sd[overflow].dtype).removeprefix('torch.')}; this norm stays folded"
+        sd.update(staged)
         return None
 
     # -- reporting --------------------------------------------------------------------------
