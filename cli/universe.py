@@ -115,8 +115,9 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
     architecture) or a failed worker; a failed run keeps its finished work and a rerun
     of the same command resumes it.
     """
-    from symspec.outputs import FolderLock, work_folder
-    from symspec.universe import build_report, save_outputs, universe_match, universe_method
+    from symspec.errors import SymspecError
+    from symspec.outputs import work_folder
+    from symspec.universe import universe_method
 
     started = time.perf_counter()
     m = universe_method(method, data_arg)  # before any work: a method universe matching cannot run
@@ -126,6 +127,29 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
                                           resolution, overwrite)
     out_dir = Path(out)
     partial = work_folder(out_dir)
+    try:
+        _run(paths, factory, start, out_dir, partial, spec_arg, groups, method, m, options, rounds, tol, jobs,
+             ray_address, device, threads, data_arg, split, batch_size, max_samples, simplex, resolution, overwrite,
+             resume, worker_setup, as_json, started)
+    except Exception as e:
+        from symspec.outputs import is_write_error, write_error
+
+        if isinstance(e, SymspecError) or not is_write_error(e):
+            raise
+        # a write the layers below did not name (they do, as one line): never a traceback
+        raise write_error(getattr(e, "filename", None) or partial, e) from e
+    sys.exit(EXIT_OK)
+
+
+def _run(paths: list[str], factory: str | None, start: int | str, out_dir: Path, partial: Path, spec_arg: str | None,
+         groups: str | None, method: str, m: Any, options: Any, rounds: int, tol: float, jobs: int | None,
+         ray_address: str | None, device: str, threads: int, data_arg: str | None, split: str, batch_size: int,
+         max_samples: int | None, simplex: bool | None, resolution: int | None, overwrite: bool, resume: bool,
+         worker_setup: str | None, as_json: bool, started: float) -> None:
+    """The run, its outputs and what it prints."""
+    from symspec.outputs import FolderLock
+    from symspec.universe import build_report, save_outputs, universe_match
+
     # held from here to the end: a second run on the same --out fails at once instead
     # of sharing (and removing) this run's work folder
     with FolderLock(partial, remove_if_empty=True):
@@ -160,7 +184,6 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
         echo_json(report)
     else:
         _print(report, result, analysis, written, plot_name and str(out_dir / plot_name))
-    sys.exit(EXIT_OK)
 
 
 def _check_inputs(models: tuple[str, ...], out: str, spec_arg: str | None, factory: str | None, data_arg: str | None,
@@ -190,6 +213,11 @@ def _check_inputs(models: tuple[str, ...], out: str, spec_arg: str | None, facto
     inputs = [*paths, *(m[1:] for m in models if m.startswith("@")), factory, spec_arg, *data_inputs(data_arg)]
     notes = check_outputs([Target(Path(out), "--out", folder=True)], inputs, force=overwrite, flag="--overwrite")
     check_overlap(work_folder(Path(out)), "the work folder", inputs)
+    from symspec.universe.inputs import model_keys
+    from symspec.universe.workdir import check_paths, deepest_paths
+
+    # the names of the files the run writes, in the work folder and in --out, not only --out's
+    check_paths(out, deepest_paths(work_folder(Path(out)), model_keys(paths), out))
     for note in notes:
         click.echo(f"note: {note}", err=True)
     start: int | str = int(start_arg) if start_arg.lstrip("-").isdigit() else start_arg
@@ -281,11 +309,17 @@ class _Progress:
             self.bar.update(self.task, advance=n)
 
     def event(self, e: Any) -> None:
+        if e.kind == "note":  # one line, with --json too (on stderr): a resumed or recomputed part
+            if self.bar is None:
+                click.echo(f"note: {e.message}", err=True)
+            else:
+                from rich.text import Text
+
+                self.bar.console.print(Text(f"note: {e.message}", style="yellow"), soft_wrap=True)
+            return
         if self.bar is None:
             return
-        if e.kind == "note":
-            self.bar.console.print(f"[yellow]{e.message}[/yellow]")
-        elif e.kind in ("prepare", "align"):
+        if e.kind in ("prepare", "align"):
             phase = "loading models" if e.kind == "prepare" else f"round {e.round}: aligning"
             if phase != self.phase:
                 self.start_task(phase, e.total)

@@ -582,7 +582,13 @@ class FolderLock:
         self.release()
 
     def _refuse_link(self) -> None:
-        if self.path.is_symlink():
+        try:
+            link = stat.S_ISLNK(os.lstat(self.path).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            link = False
+        except OSError as e:  # a name too long, a folder we may not look into: one line
+            raise write_error(self.path, e) from None
+        if link:
             raise SymspecInputError(f"{self.path} is a symbolic link; refusing to follow it (remove it if it is not yours)")
 
     def acquire(self) -> FolderLock:
@@ -667,9 +673,14 @@ class FolderLock:
 
 
 def clear_folder(path: str | Path) -> None:
-    """Remove what ``path`` holds but keep the folder (and so a lock held on it)."""
+    """Remove what ``path`` holds but keep the folder (and so a lock held on it). Raises
+    ``OSError`` when something cannot be removed: a half-cleared folder must not be
+    taken for an empty one."""
     for entry in Path(path).iterdir():
-        _remove(entry)
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 __all__ = [

@@ -62,13 +62,63 @@ class InlineExecutor:
         pass
 
 
-def serve(read_fd: int, write_fd: int) -> None:
-    """A worker process's loop: run the tasks read from ``read_fd`` until told to stop.
-    The first message carries the parent's ``sys.path`` and the setup hook."""
+#: seconds between a worker's checks that its parent is still alive
+PARENT_POLL = 0.5
+
+
+class _ParentGone(SystemExit):
+    """The parent died (killed, say): the worker stops at once, quietly (``finally``
+    clauses run, so a half-written file is removed)."""
+
+
+def _watch_parent(parent: int) -> None:
+    """Stop this worker when its parent is gone (it is then adopted by another
+    process): a task's result would have nowhere to go. A thread polls; SIGTERM makes
+    the main thread unwind, even inside a long task."""
+    import threading
+    import time
+
+    def stop(signum: int, frame: object) -> None:
+        if os.getppid() == parent:  # SIGTERM from someone else: die of it, as before
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        raise _ParentGone(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
+    def poll() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=poll, name="symspec-parent-watch", daemon=True).start()
+
+
+def serve(read_fd: int, write_fd: int, parent: int | None = None) -> None:
+    """A worker process's loop: run the tasks read from ``read_fd`` until told to stop,
+    or until the parent (pid ``parent``) or its pipes are gone: then it exits quietly,
+    never with a traceback. The first message carries the parent's ``sys.path`` and the
+    setup hook."""
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    if parent is not None:
+        _watch_parent(parent)
+    with suppress(_ParentGone, BrokenPipeError, EOFError, ConnectionError):
+        _serve(read_fd, write_fd)
+    # the parent's stderr may be a closed pipe: nothing may be left to print at exit
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            with suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+def _serve(read_fd: int, write_fd: int) -> None:
     import sys
     from multiprocessing.connection import Connection
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     rx = Connection(read_fd, writable=False)
     tx = Connection(write_fd, readable=False)
     try:
@@ -84,7 +134,11 @@ def serve(read_fd: int, write_fd: int) -> None:
             return
         if task is None:
             return
-        tx.send(run_task(task, setup))
+        result = run_task(task, setup)
+        try:
+            tx.send(result)
+        except OSError:  # the parent is gone (a broken pipe): nobody wants the result
+            return
 
 
 @attrs.define(eq=False)
@@ -119,7 +173,7 @@ class ProcessExecutor:
 
         task_r, task_w = os.pipe()
         res_r, res_w = os.pipe()
-        code = f"from symspec.runtime.local import serve; serve({task_r}, {res_w})"
+        code = f"from symspec.runtime.local import serve; serve({task_r}, {res_w}, {os.getpid()})"
         try:
             proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(task_r, res_w), stdin=subprocess.DEVNULL,
                                     stdout=2, close_fds=True)

@@ -68,7 +68,11 @@ def run_task(task: Task, setup: str | None = None) -> Result:
         run_setup(setup)
         result = task.run()
     except SymspecInputError as e:
-        return failure(task, str(e), input=True)
+        out = failure(task, str(e), input=True)
+        kind = getattr(e, "kind", None)  # e.g. "write": a failed write, reported as it is
+        if isinstance(kind, str):
+            out.update(kind=kind, code=getattr(e, "code", None))
+        return out
     except Exception as e:  # a bug or an environment problem: report it with where it happened
         where = traceback.extract_tb(e.__traceback__)[-1]
         return failure(task, f"{type(e).__name__}: {e} (at {Path(where.filename).name}:{where.lineno})", input=False)

@@ -34,7 +34,7 @@ from ..statedict import squared_distance
 from .errors import raise_failures
 from .progress import Progress, UniverseEvent
 from .tasks import Task
-from .workdir import WorkFolder, load_tensors, read_json, save_tensors
+from .workdir import ALIGNED_FIELDS, WorkFolder, load_tensors, save_tensors
 
 
 @attrs.define
@@ -169,8 +169,9 @@ def align_all(run: Run, r: int, rounds: int) -> _Round:
     tasks = []
     for i, (name, key) in enumerate(zip(run.names, run.keys)):
         marker = folder.marker(r, key)
-        if marker.exists():
-            rnd.results[i] = read_json(marker)
+        done = folder.finished(marker, [folder.aligned(r, key), folder.elements(r, key)], ALIGNED_FIELDS)
+        if done is not None:
+            rnd.results[i] = done
             run.resumed += 1
             continue
         init = str(folder.elements(r - 1, key)) if r > 1 else ""
@@ -196,7 +197,17 @@ def iterate(run: Run, rounds: int, tol: float) -> tuple[RoundLog, dict[str, torc
     the last), even where these settings would have stopped earlier."""
     folder = run.folder
     log = RoundLog(*folder.read_state())
-    if not folder.universe(1).exists():
+    if log.rounds:
+        # what the finished rounds left: the last one's alignments (the outputs and the
+        # next round's warm start) and the universe they made. Without the previous
+        # round's elements a lost file cannot be recomputed alone: start over
+        last = len(log.rounds)
+        lost = folder.first_damage([folder.universe(last + 1), *(p for k in run.keys for p in
+                                                                   (folder.aligned(last, k), folder.elements(last, k)))])
+        if lost is not None:
+            folder.restart_rounds(lost)
+            log = RoundLog([], [])
+    if not log.rounds and folder.first_damage([folder.universe(1)]) is not None:
         save_tensors(folder.universe(1), load_tensors(folder.canonical(run.keys[run.start])))  # U <- θ_start
     merged: dict[str, torch.Tensor] | None = None
     eps = torch.finfo(run.dtype).eps

@@ -50,7 +50,16 @@ from .tasks import (
     signature_differences,
     state_signature,
 )
-from .workdir import WorkFolder, load_elements, load_tensors, read_json, save_tensors, write_json
+from .workdir import (
+    PREPARED_FIELDS,
+    WorkFolder,
+    check_paths,
+    deepest_paths,
+    load_elements,
+    load_tensors,
+    save_tensors,
+    write_json,
+)
 
 #: the work folder's layout version (a folder of another version starts over)
 STATE_VERSION = 1
@@ -177,6 +186,8 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
     sources = model_sources(models)
     names = [s.name for s in sources]
     start = start_index(start, names)
+    if workdir is not None:  # before any work: files named longer than the system allows
+        check_paths(workdir, deepest_paths(workdir, model_keys(names)))
     tick = time.perf_counter()
     ref = load_reference(sources[start], spec, factory=factory, config=config, dtype=dtype,
                          groups=groups if groups is not None else m.groups)
@@ -279,9 +290,10 @@ def prepare_models(run: Run, sources: Sequence[Source], ref: Reference, cfg: Run
     for i, source in enumerate(sources):
         key = run.keys[i]
         marker = folder.canonical_marker(key)
-        if marker.exists():
+        done = folder.finished(marker, [folder.canonical(key)], PREPARED_FIELDS)
+        if done is not None:
             run.resumed += 1
-            prepared(i, read_json(marker))
+            prepared(i, done)
         elif source.path is not None and i != run.start:
             tasks.append(Task("prepare", i, source.name, run.config, source=source.path,
                               canonical=str(folder.canonical(key)), done=str(marker)))

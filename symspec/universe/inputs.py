@@ -99,12 +99,19 @@ def start_index(start: int | str, names: Sequence[str]) -> int:
     return start
 
 
+#: a model key's file stem at most: keys name files (``KEY.elements.safetensors``, the
+#: outputs' ``aligned/KEY.pt``) that must stay within the file system's name limit
+MAX_KEY_STEM = 100
+
+
 def model_key(index: int, width: int, name: str) -> str:
     """A unique file-safe name for a model: its index, then its file's stem."""
     stem = Path(name.rstrip("/")).name
     for suffix in (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".py", ".gguf"):
         stem = stem.removesuffix(suffix)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "model"
+    if len(safe) > MAX_KEY_STEM:  # a long file name: its start and a hash of it, a legal file name still
+        safe = f"{safe[:MAX_KEY_STEM - 13]}-{hashlib.sha256(stem.encode()).hexdigest()[:12]}"
     return f"{index:0{width}d}-{safe}"
 
 

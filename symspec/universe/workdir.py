@@ -13,6 +13,12 @@ Every file is written to a temporary name and renamed, and a task's result marke
 (``KEY.json``) is written last: a task whose marker exists is complete, so an
 interrupted run resumes where it stopped. A run holds the folder locked
 (:class:`~symspec.outputs.FolderLock`) from start to end.
+
+A resumed run trusts nothing it reads: a marker, ``state.json`` or a tensor file that is
+truncated or corrupt (:func:`damage`) is named in a note and recomputed (its task runs
+again; a finished round that lost a file starts the rounds over). A write that fails (a
+full disk, a read-only folder) is one line, ``cannot write PATH: REASON``
+(:class:`~.errors.WorkWriteError`).
 """
 
 from __future__ import annotations
@@ -29,9 +35,16 @@ from typing import Any
 
 import torch
 
-from ..outputs import FolderLock, atomic_write, atomic_write_bytes, atomic_write_text, clear_folder
+from ..outputs import (
+    FolderLock,
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_text,
+    clear_folder,
+    is_write_error,
+)
 from ..statedict import storage_key
-from .errors import UniverseError
+from .errors import UniverseError, WorkWriteError, resume_hint, work_write_error
 from .progress import Progress, UniverseEvent
 
 # --------------------------------------------------------------------------- files
@@ -48,23 +61,72 @@ def save_tensors(path: str | Path, tensors: Mapping[str, torch.Tensor], metadata
         key = storage_key(t)
         out[k] = t.clone() if key in seen and t.numel() else t
         seen.add(key)
-    atomic_write(path, lambda tmp: save_file(out, str(tmp), metadata=dict(metadata) if metadata else None))
+    with writing(path):
+        atomic_write(path, lambda tmp: save_file(out, str(tmp), metadata=dict(metadata) if metadata else None))
+
+
+@contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """A failed write in the block (``OSError``, safetensors' error on a full disk) as one
+    :class:`~.errors.WorkWriteError` line naming ``path``."""
+    try:
+        yield
+    except WorkWriteError:
+        raise
+    except Exception as e:
+        if not is_write_error(e):
+            raise
+        raise work_write_error(path, e) from e
 
 
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors (on the CPU)."""
+    """A safetensors file's tensors (on the CPU); a missing or corrupt file is one
+    :class:`~.errors.UniverseError` line naming it (a rerun recomputes it)."""
     from safetensors.torch import load_file
 
-    return load_file(str(path))
+    try:
+        return load_file(str(path))
+    except Exception as e:
+        if not is_write_error(e):  # OSError, or safetensors' error: the file, not a bug
+            raise
+        raise UniverseError(f"{path} cannot be read ({_reason(e)}); rerun the same command: the rerun "
+                            "recomputes it") from e
 
 
 def write_json(path: str | Path, data: Any) -> None:
     """Write ``data`` as JSON, atomically."""
-    atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")
+    with writing(path):
+        atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
 def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text())
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return " ".join(str(e).split())[:200] or type(e).__name__
+
+
+def damage(path: str | Path) -> str | None:
+    """Why the work folder's file ``path`` cannot be used (missing, truncated, corrupt),
+    or None when it can: a JSON file must parse to an object; a safetensors file's header
+    must parse and cover the file exactly (what a truncated file fails). Cheap: tensor
+    data is not read."""
+    p = Path(path)
+    try:
+        if p.suffix == ".json":
+            data = json.loads(p.read_bytes())
+            return None if isinstance(data, dict) else "not a JSON object"
+        from safetensors import safe_open
+
+        with safe_open(str(p), "pt"):
+            return None
+    except FileNotFoundError:
+        return "missing"
+    except Exception as e:  # a JSON, Unicode, OS or safetensors error: the file is no use
+        return _reason(e)
 
 
 def save_elements(path: str | Path, searched: Mapping[str, Mapping[str, torch.Tensor]],
@@ -85,12 +147,62 @@ def load_elements(path: str | Path) -> tuple[dict[str, dict[str, torch.Tensor]],
     return parts["searched"], parts["full"]
 
 
+#: where a work folder's longest file lies, beside its model's key
+_DEEPEST = ("rounds", "001", "{key}.elements.safetensors")
+#: the longest name an output folder's file gets (a transform record's), beside the key
+_DEEPEST_OUT = ("transforms", "{key}", "transform.safetensors")
+
+
+def deepest_paths(work: str | Path, keys: Sequence[str], out: str | Path | None = None) -> list[Path]:
+    """The longest paths a run writes: in its work folder, and in its output folder
+    ``out`` (at its final name and in the staging folder beside it)."""
+    from ..outputs import STAGING_PREFIX
+
+    key = max(keys, key=lambda k: len(os.fsencode(k)), default="model")
+    paths = [Path(os.path.abspath(work)).joinpath(*(n.format(key=key) for n in _DEEPEST))]
+    if out is not None:
+        final = Path(os.path.abspath(out))
+        inner = [n.format(key=key) for n in _DEEPEST_OUT]
+        paths += [final.joinpath(*inner), final.parent.joinpath(STAGING_PREFIX + "x" * 8, "output", *inner)]
+    return paths
+
+
+def check_paths(what: str | Path, paths: Sequence[Path]) -> None:
+    """Refuse, before any work, files that would be named longer than the file system
+    allows (a name over its name limit, a path over its path limit): one line,
+    ``cannot write WHAT: File name too long``."""
+    import errno
+
+    for path in paths:
+        probe = path.parent
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        limits = []
+        for name, default in (("PC_NAME_MAX", 255), ("PC_PATH_MAX", 4096)):
+            try:
+                limits.append(int(os.pathconf(probe, name)))
+            except (OSError, ValueError):
+                limits.append(default)
+        name_max, path_max = limits
+        # a temporary sibling (atomic writes) may be longer than the file's own name
+        if any(len(os.fsencode(n)) > name_max for n in path.parts) or len(os.fsencode(path)) + 8 >= path_max:
+            raise WorkWriteError(f"cannot write {what}: {os.strerror(errno.ENAMETOOLONG)} (the run's files, such as "
+                                 f"{path.name}, would pass the system's limits of {name_max} bytes a name and "
+                                 f"{path_max} a path); write it under a shorter path", errno.ENAMETOOLONG)
+
+
 def round_dir(work: Path, r: int) -> Path:
     """The folder of round ``r`` (1-based) in the work folder ``work``."""
     return work / "rounds" / f"{r:03d}"
 
 
 # --------------------------------------------------------------------------- the folder
+
+#: what every round of ``state.json`` holds (a log without them is corrupt)
+_ROUND_FIELDS = {"round", "objective", "target_objective", "floor", "models"}
+#: what a task's marker holds: a prepared model's, an aligned model's
+PREPARED_FIELDS = ("ok",)
+ALIGNED_FIELDS = ("ok", "before", "after")
 
 
 class WorkFolder:
@@ -102,11 +214,16 @@ class WorkFolder:
     resumes them), and a temporary folder is removed unless ``keep``.
     """
 
-    def __init__(self, path: Path, *, temporary: bool, keep: bool, lock: FolderLock | None) -> None:
+    def __init__(self, path: Path, *, temporary: bool, keep: bool, lock: FolderLock | None,
+                 say: Progress | None = None) -> None:
         self.path = path
         self.temporary = temporary
         self.keep = keep
         self.lock = lock
+        self.say = say or (lambda e: None)
+
+    def note(self, message: str) -> None:
+        self.say(UniverseEvent("note", message=message))
 
     @classmethod
     def open(cls, workdir: str | Path | None, fingerprint: Mapping[str, Any], names: Sequence[str], *,
@@ -124,34 +241,45 @@ class WorkFolder:
         # Two runs on one work folder would destroy each other's files: hold it locked (a
         # symbolic link planted at its name is refused, never followed)
         lock = None if temporary else FolderLock(work).acquire()
-        folder = cls(work, temporary=temporary, keep=keep, lock=lock)
+        folder = cls(work, temporary=temporary, keep=keep, lock=lock, say=say)
         try:
-            folder._take(fingerprint, names, resume, say)
+            folder._take(fingerprint, names, resume)
+        except WorkWriteError as e:
+            folder.release()
+            raise folder.explained(e, not temporary and folder.resumable()) from e
         except BaseException:
             folder.release()
             raise
         return folder
 
-    def _take(self, fingerprint: Mapping[str, Any], names: Sequence[str], resume: bool, say: Progress | None) -> None:
+    def explained(self, e: WorkWriteError, kept: bool) -> WorkWriteError:
+        """``e`` with what becomes of the work done (``kept``: a rerun resumes it)."""
+        return WorkWriteError(str(e) + resume_hint(e, self.path, kept), e.code)
+
+    def _take(self, fingerprint: Mapping[str, Any], names: Sequence[str], resume: bool) -> None:
         run_file = self.path / "run.json"
         if not self.temporary and not run_file.exists() and any(self.path.iterdir()):
             # never write into (or later remove) a folder that is not a work folder of ours
             raise UniverseError(f"{self.path} exists and is not a universe work folder; give an empty or new folder")
+        resuming = False
         if run_file.exists():
-            try:
-                same = read_json(run_file).get("fingerprint") == fingerprint
-            except (OSError, ValueError):
-                same = False
-            note = say or (lambda e: None)
-            if same and resume:
-                note(UniverseEvent("note", message=f"resuming the unfinished run in {self.path}"))
-            else:
-                if resume:
-                    note(UniverseEvent("note", message=f"{self.path} holds a run of other inputs or settings; starting over"))
-                clear_folder(self.path)  # not rmtree: the lock is held on the folder itself
-        self.path.mkdir(parents=True, exist_ok=True)
+            why = damage(run_file)
+            same = why is None and read_json(run_file).get("fingerprint") == fingerprint
+            resuming = same and resume
+            if not resuming:
+                if why is not None:
+                    self.note(f"{run_file} is corrupt ({why}); starting over")
+                elif resume:
+                    self.note(f"{self.path} holds a run of other inputs or settings; starting over")
+                with writing(self.path):
+                    clear_folder(self.path)  # not rmtree: the lock is held on the folder itself
+        with writing(self.path):
+            self.path.mkdir(parents=True, exist_ok=True)
         write_json(run_file, {"fingerprint": dict(fingerprint), "models": list(names)})
-        (self.path / "canonical").mkdir(exist_ok=True)
+        with writing(self.path / "canonical"):
+            (self.path / "canonical").mkdir(exist_ok=True)
+        if resuming:  # said once the folder proved writable
+            self.note(f"resuming the unfinished run in {self.path}")
 
     @contextmanager
     def session(self) -> Iterator[WorkFolder]:
@@ -160,9 +288,12 @@ class WorkFolder:
         end, release the lock and remove a temporary folder unless ``keep``."""
         try:
             yield self
-        except BaseException:
-            if self.temporary or not self.resumable():
+        except BaseException as e:
+            kept = not self.temporary and self.resumable()
+            if not kept:
                 shutil.rmtree(self.path, ignore_errors=True)
+            if isinstance(e, WorkWriteError):  # say what becomes of the work done
+                raise self.explained(e, kept) from e
             raise
         finally:
             self.release()
@@ -184,7 +315,8 @@ class WorkFolder:
     def save_config(self, config: Any) -> str:
         """Pickle the run's config (every task reads it) and return its path."""
         path = self.path / "run.pkl"
-        atomic_write_bytes(path, pickle.dumps(config))
+        with writing(path):
+            atomic_write_bytes(path, pickle.dumps(config))
         return str(path)
 
     def canonical(self, key: str) -> Path:
@@ -212,10 +344,66 @@ class WorkFolder:
     # -- the rounds' log --------------------------------------------------------------
 
     def read_state(self) -> tuple[list[dict[str, Any]], list[float]]:
-        """The finished rounds and the objective so far (none for a new run)."""
+        """The finished rounds and the objective so far (none for a new run; a corrupt
+        ``state.json`` is named and the rounds start over)."""
         path = self.path / "state.json"
-        saved = read_json(path) if path.exists() else {"rounds": [], "history": []}
-        return list(saved["rounds"]), list(saved["history"])
+        if not path.exists():
+            return [], []
+        why = damage(path)
+        if why is None:
+            saved = read_json(path)
+            rounds, history = saved.get("rounds"), saved.get("history")
+            if (isinstance(rounds, list) and isinstance(history, list)
+                    and all(isinstance(r, dict) and r.keys() >= _ROUND_FIELDS for r in rounds)
+                    and len(history) == (len(rounds) + 1 if rounds else 0)):
+                return rounds, history
+            why = "not the rounds' log"
+        self.restart_rounds(f"{path} is corrupt ({why})")
+        return [], []
+
+    def restart_rounds(self, why: str) -> None:
+        """Drop every round (the canonical models stay): the rounds run again from the
+        first, to the same result."""
+        self.note(f"{why}; recomputing the rounds from the first")
+        for p in (self.path / "state.json", self.path / "rounds"):
+            self.discard(p)
+
+    def discard(self, path: Path) -> None:
+        """Remove a file or folder that cannot be used (one that cannot be removed, in a
+        read-only folder, stops the run: it would be read again)."""
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as e:
+            raise work_write_error(path, e) from e
+
+    def finished(self, marker: Path, files: Sequence[Path], fields: Sequence[str] = ()) -> dict[str, Any] | None:
+        """The result a task's ``marker`` holds when the task is complete (its result
+        has ``fields``) and its ``files`` are intact, else None: a corrupt marker or file
+        is named in a note and removed, so that the task runs again."""
+        if not marker.exists():
+            return None
+        for p in (marker, *files):
+            why = damage(p)
+            if why is None and p == marker and not set(fields) <= read_json(p).keys():
+                why = "not a task's result"
+            if why is not None:
+                self.note(f"{p} is {why if why == 'missing' else f'corrupt ({why})'}; recomputing it")
+                for q in (marker, *files):
+                    self.discard(q)
+                return None
+        data: dict[str, Any] = read_json(marker)
+        return data
+
+    def first_damage(self, files: Sequence[Path]) -> str | None:
+        """``PATH is corrupt (REASON)`` for the first file of ``files`` that cannot be used."""
+        for p in files:
+            why = damage(p)
+            if why is not None:
+                return f"{p} is {why if why == 'missing' else f'corrupt ({why})'}"
+        return None
 
     def write_state(self, rounds: list[dict[str, Any]], history: list[float]) -> None:
         write_json(self.path / "state.json", {"rounds": rounds, "history": history})
@@ -227,7 +415,12 @@ class WorkFolder:
 
 
 __all__ = [
+    "ALIGNED_FIELDS",
+    "PREPARED_FIELDS",
     "WorkFolder",
+    "check_paths",
+    "damage",
+    "deepest_paths",
     "load_elements",
     "load_tensors",
     "read_json",
@@ -235,4 +428,5 @@ __all__ = [
     "save_elements",
     "save_tensors",
     "write_json",
+    "writing",
 ]
