@@ -105,7 +105,7 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
                      batch_size=batch_size, max_samples=max_samples, model_dir=first.source)
     notes = _config_warnings(loaded, all_pairs)
     chosen = [get_method(m) for m in methods]
-    spec = resolve_spec(spec_arg, first.model, first.spec_hint()) if any(m.canonical for m in chosen) else None
+    spec = _spec(spec_arg, first, chosen, loaded)
     align_data = None
     if any(m.needs_data for m in chosen) or (lift_free and any(m.canonical for m in chosen)):
         if split == "train":
@@ -137,6 +137,26 @@ def barrier_cmd(model_a: str, model_b: str, data_arg: str | None, split: str, me
     else:
         _print(report, written=[p for p in (plot_path, report_path, markdown_path) if p])
     sys.exit(EXIT_OK)
+
+
+def _spec(spec_arg: str | None, first: Any, chosen: list[Any], loaded: list[tuple[Any, Any]]) -> Any:
+    """The spec, for aligned methods, and for vanilla averaging of models whose shapes
+    differ: a narrower B is lifted into A's widths first (docs/width.md), which needs the
+    spec. Without one that fits, models of other shapes are refused as before."""
+    if any(m.canonical for m in chosen) or spec_arg:
+        return resolve_spec(spec_arg, first.model, first.spec_hint())
+    if all(_shapes(la.model) == _shapes(lb.model) for la, lb in loaded):
+        return None
+    from symspec.errors import SymspecInputError
+
+    try:
+        return resolve_spec(None, first.model, first.spec_hint())
+    except SymspecInputError:
+        return None  # the pair check says what differs
+
+
+def _shapes(model: Any) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def _warn(line: str) -> str:
@@ -175,8 +195,11 @@ class _progress:
         self.bar: Any = None
 
     def __enter__(self) -> Any:
-        if not self.quiet:
-            self.bar = progress_bar(stderr_console())
+        console = stderr_console()
+        # not a terminal: no bar at all (a stopped bar there still ends its line, and an
+        # error raised inside it then came after an empty line)
+        if not self.quiet and console.is_terminal:
+            self.bar = progress_bar(console)
             self.bar.__enter__()
             self.task = self.bar.add_task("evaluating", total=self.total)
 

@@ -209,6 +209,20 @@ def integer_checkpoint(command: str, suffix: str = ".pt") -> Build:
     return build
 
 
+def hf_integer_weights(work: Path, base: Files, is_bad: bool) -> list[str]:
+    """``check`` on a copy of the GPT-2 folder whose weights were cast to int64
+    (from_pretrained cast them back to float32 without a word)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = work / "hf"
+    shutil.copytree(hf_folder(base), folder)
+    if is_bad:
+        weights = folder / "model.safetensors"
+        sd = {k: v.to(torch.int64) if v.is_floating_point() else v for k, v in load_file(str(weights)).items()}
+        save_file(sd, str(weights), metadata={"format": "pt"})
+    return ["check", str(folder), "--samples", "1", "--dtype", "float64"]
+
+
 def hf_config(edit: Callable[[dict], object] | bytes) -> Build:
     """``check`` on a copy of the GPT-2 folder whose config.json is edited (a function of
     the parsed config giving the new JSON value, or raw bytes)."""
@@ -251,6 +265,25 @@ def image_size(work: Path, base: Files, is_bad: bool) -> list[str]:
     before the model's own size was compared)."""
     return ["barrier", str(base["vit"]), str(base["vit"]), "--data", f"mnist:{mnist(work)},size={10**6 if is_bad else 8}",
             "--points", "2"]
+
+
+def images_for_a_gpt(command: str, *more: str) -> Build:
+    """``command`` on the nanoGPT pair with MNIST images as --data (the good variant: the
+    word text): the embedding's "Expected tensor for argument #1 'indices'" traceback."""
+    def build(work: Path, base: Files, is_bad: bool) -> list[str]:
+        data = f"mnist:{mnist(work)}" if is_bad else f"text:{base['text']}"
+        g, ck = str(base["good"]), str(base["ckpt"])
+        if command == "barrier":
+            return ["barrier", g, ck, "--model", g, "--data", data, "--points", "2", "--max-samples", "4", *more]
+        return [command, g, ck, "--model", g, "--out", "out", "--rounds", "1", "--data", data, *more]
+
+    return build
+
+
+def text_for_a_vit(work: Path, base: Files, is_bad: bool) -> list[str]:
+    """``barrier`` of the ViT on the word text (token ids for a model that reads images)."""
+    data = f"text:{base['text']},block=8" if is_bad else f"mnist:{mnist(work)}"
+    return ["barrier", str(base["vit"]), str(base["vit"]), "--data", data, "--points", "2", "--align", "activation"]
 
 
 def model_list(work: Path, base: Files, is_bad: bool) -> list[str]:
@@ -369,9 +402,21 @@ CASES = [
     Case("hf-architectures-not-a-model", hf_config(lambda cfg: {**cfg, "architectures": ["GPT2Config"]}), "config.json",
          "transformers has no model class 'GPT2Config'"),
     Case("hf-config-not-text", hf_config(b"\xff\xfe\x00\x01binary"), "config.json", "unreadable config"),
+    Case("hf-int64-weights", hf_integer_weights, "model.safetensors",
+         "transformer.wte.weight holds torch.int64 weights where the model has float32"),
     # data files
     Case("barrier-mnist-corrupted-gzip", mnist_gz, "t10k-images-idx3-ubyte.gz", "a corrupted gzip file"),
     Case("universe-binary-model-list", model_list, "models.txt", "not a text list of model paths"),
+    # data of the wrong kind for the model: one line naming the source and what the model reads
+    Case("match-activation-images-for-a-gpt", images_for_a_gpt("match", "--method", "activation"), "mnist:",
+         "the data gives images (float32 tensors of 1x8x8 per example), but model A (GPT) takes token ids"),
+    Case("merge-learned-images-for-a-gpt", images_for_a_gpt("merge", "--method", "learned", "--steps", "2"), "mnist:",
+         "takes token ids (integers, read by its embedding transformer.wte)"),
+    Case("barrier-images-for-a-gpt", images_for_a_gpt("barrier"), "mnist:", "good.py takes token ids"),
+    Case("barrier-weight-activation-images-for-a-gpt", images_for_a_gpt("barrier", "--align", "weight+activation"),
+         "mnist:", "the data gives images"),
+    Case("barrier-text-for-a-vit", text_for_a_vit, "text:",
+         "vit.py takes images (floating-point values, read by its Conv2d patch_embed)"),
     # option values: nan, inf and negative numbers where they mean nothing, absurd sizes
     Case("merge-alpha-nan", option("merge", "--alpha", "nan", "0.5"), "--alpha", "not a finite number"),
     Case("merge-alpha-inf", option("merge", "--alpha", "inf", "1"), "--alpha", "not a finite number"),

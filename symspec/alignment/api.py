@@ -301,6 +301,12 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     ``lift_free_lambda`` (:func:`symspec.width.free.learn_free`; 0: off, the default).
     """
     m = method if isinstance(method, Method) else get_method(method)
+    if data is not None and isinstance(model_a, torch.nn.Module):
+        from ..data import check_inputs
+
+        # before any method runs it: data of the wrong kind (images for a GPT) is one line
+        # naming the source and what the model reads, not a traceback from its embedding
+        check_inputs(model_a, data, f"model A ({type(model_a).__name__})")
     lifted = None
     if isinstance(model_a, torch.nn.Module) and isinstance(model_b, torch.nn.Module):
         model_b, lifted = _lift_if_narrower(model_a, model_b, spec, lift, lift_seed, data)

@@ -75,7 +75,7 @@ from symspec.data.images import (
     ImagePrep,
     image_prep,
 )
-from symspec.data.load import check_fits, load_data
+from symspec.data.load import check_fits, check_inputs, load_data
 from symspec.data.losses import (
     argmax_accuracy,
     call_model,
@@ -89,7 +89,7 @@ from symspec.data.tokenizer import TextTokenizer, load_tokenizer
 __all__ = [
     "DEFAULT_FRACTIONS", "MAX_CHANNELS", "MAX_IMAGE_SIZE", "MNIST_MEAN", "MNIST_STD", "SOURCES", "SPLITS",
     "AccuracyFn", "DataError", "DataRequest", "DataSource", "EvalData", "ImagePrep", "LossFn", "SourceKind",
-    "TextTokenizer", "argmax_accuracy", "call_model", "check_fits", "config_int", "cross_entropy",
+    "TextTokenizer", "argmax_accuracy", "call_model", "check_fits", "check_inputs", "config_int", "cross_entropy",
     "default_accuracy_if_classes", "hook_data", "hooks_module", "image_prep", "int_option", "load_data",
     "load_tokenizer", "logits_of", "model_config", "parse_fractions", "parse_source", "read_idx",
     "register_source", "split_bounds", "write_idx",

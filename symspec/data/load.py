@@ -81,22 +81,80 @@ def _model_folder(model: torch.nn.Module | None, model_dir: str | Path | None) -
     return p if p.is_dir() else None
 
 
-def check_fits(model: torch.nn.Module, data: EvalData, label: str = "the model") -> None:
-    """Run ``model`` on a few examples of ``data`` and raise :class:`DataError`, naming
-    the likely cause (vocabulary, image size, classes), if it cannot take them."""
+def check_inputs(model: torch.nn.Module, data: EvalData, label: str = "the model") -> tuple[Any, torch.Tensor]:
+    """Run ``model`` on the first examples of ``data``, where a batch first meets the model
+    (the barrier's evaluation, activation statistics, learned matching: all go through
+    here or :func:`check_fits`), and raise one :class:`DataError` line if it cannot take
+    them: data of the wrong kind (images for a model that reads token ids, token ids for
+    one that reads images) is named as such, with the source and what the model takes;
+    any other failure with the likely cause. Returns (the model's output, the targets)."""
     inputs, targets = data.batches[0]
     n = min(2, batch_len(targets))
     x, y = slice_inputs(inputs, n), targets[:n]
     param = next(iter(model.parameters()), None)
     if param is not None:
         x, y = move(x, param.device, param.dtype), y.to(param.device)
+    wrong: list[str] = []
+    hooks = [m.register_forward_pre_hook(_kind_probe(name, m, wrong)) for name, m in model.named_modules()
+             if isinstance(m, _READS_IDS + _READS_FLOATS)]
     try:
         with torch.no_grad():
             out = call_model(model, x)
     except (Exception, SystemExit) as e:
+        if wrong:
+            raise DataError(f"{data.name} does not fit {label}: the data gives {_describe(x, data)}, but {label} "
+                            f"takes {wrong[0]}; give --data of that kind") from e
         msg = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
         raise DataError(f"{data.name} does not fit {label}: it fails on the first batch with "
                         f"{type(e).__name__}: {msg}{_likely_cause(data)}") from e
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, y
+
+
+#: the modules whose input says what a model reads: an embedding table reads token ids,
+#: a convolution or a linear map floating-point values (images, features)
+_READS_IDS: tuple[type[torch.nn.Module], ...] = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+_READS_FLOATS: tuple[type[torch.nn.Module], ...] = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear)
+
+
+def _kind_probe(name: str, module: torch.nn.Module, wrong: list[str]) -> Any:
+    """A forward pre-hook that records, once, a module given inputs of the wrong kind."""
+    ids = isinstance(module, _READS_IDS)
+
+    def probe(mod: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        t = args[0] if args else None
+        if wrong or not isinstance(t, torch.Tensor):
+            return
+        if ids and t.is_floating_point():
+            wrong.append(f"token ids (integers, read by its embedding {name or type(module).__name__})")
+        elif not ids and not (t.is_floating_point() or t.is_complex()):
+            what = "images" if isinstance(module, (torch.nn.Conv2d, torch.nn.Conv3d)) else "floating-point features"
+            wrong.append(f"{what} (floating-point values, read by its {type(module).__name__} "
+                         f"{name or type(module).__name__})")
+
+    return probe
+
+
+def _describe(x: Any, data: EvalData) -> str:
+    """What a batch of inputs holds, in words: token ids, images, or tensors of a dtype."""
+    t = x if isinstance(x, torch.Tensor) else next((v for v in (x.values() if isinstance(x, dict) else x)
+                                                     if isinstance(v, torch.Tensor)), None)
+    if t is None:
+        return f"{type(x).__name__} inputs"
+    shape = "x".join(str(d) for d in t.shape[1:])
+    if t.is_floating_point():
+        what = "images" if data.kind == "images" or t.dim() == 4 else "floating-point inputs"
+        return f"{what} ({str(t.dtype).replace('torch.', '')} tensors of {shape} per example)"
+    return f"integer ids (token ids: {str(t.dtype).replace('torch.', '')} tensors of {shape} per example)"
+
+
+def check_fits(model: torch.nn.Module, data: EvalData, label: str = "the model") -> None:
+    """Run ``model`` on a few examples of ``data`` and raise :class:`DataError`, naming
+    the likely cause (data of the wrong kind, vocabulary, image size, classes), if it
+    cannot take them (:func:`check_inputs`), or its outputs do not fit the targets."""
+    out, y = check_inputs(model, data, label)
     if data.kind in ("text", "images") and (data.loss is cross_entropy or has_logits(out)):
         _check_outputs(logits_of(out), y, data, label)  # a loss hook may read an output without logits
     try:
