@@ -363,6 +363,12 @@ def test_barrier_cli_between_models_of_different_widths(tmp_path: Any) -> None:
     assert set(by_method) == {"none", "weight"}
     # B lifted keeps its function: the same loss at lambda = 1 whatever the method did to it
     assert abs(by_method["none"]["loss_b_mean"] - by_method["weight"]["loss_b_mean"]) < 1e-4
+    # without --align (vanilla averaging alone) B is lifted too: once refused as "not two
+    # models of one architecture", the spec being resolved only for aligned methods
+    code, out, err = run("barrier", wide, narrow, "--data", f"text:{text}", "--points", "3", "--json")
+    assert code == 0, err
+    (alone,) = json.loads(out)["methods"]
+    assert alone["method"] == "none" and alone["summary"] == by_method["none"]
     code, _, err = run("barrier", narrow, wide, "--data", f"text:{text}", "--align", "weight", "--points", "3")
     assert code == 2 and "A is narrower than B" in err
 
