@@ -367,6 +367,30 @@ def test_ctrl_c_during_the_sdp_solve_exits_130(tmp_path: Any, hang: bool) -> Non
     assert not [p.name for p in tmp_path.iterdir() if p.name == "out" or p.name.startswith(".symspec-staging")]
 
 
+def test_a_failed_scs_solve_is_retried_with_clarabel_only_where_it_fits(monkeypatch: Any) -> None:
+    """Clarabel's KKT system is dense in a PSD cone's entries: for the 574 x 574 Gram
+    matrix of the report exactly the 217866005000 bytes it failed to allocate. A failed
+    SCS solve is retried with Clarabel where that fits, else the bound is not available."""
+    from symspec.solvers import convex
+
+    from .needs import optional
+
+    cp = optional("cvxpy")
+    y = cp.Variable((574, 574), PSD=True)
+    assert convex.interior_point_bytes(cp.Problem(cp.Maximize(cp.trace(y)), [cp.trace(y) <= 1])) == 217866005000
+    result = align(Rec(5, 0), Rec(5, 1), loads_spec(REC_SPEC, "rec.yaml"))
+
+    def fails(*a: Any, **k: Any) -> None:
+        raise cp.error.SolverError("Solver 'SCS' failed")
+
+    monkeypatch.setattr(convex, "solve", fails)
+    (j,) = result.certify().joint
+    assert j.available and "CLARABEL" in j.reason  # small: retried
+    monkeypatch.setattr(convex, "INTERIOR_POINT_MAX_BYTES", 0)
+    (j,) = result.certify().joint
+    assert not j.available and "SCS failed" in j.reason and "Clarabel would need" in j.reason
+
+
 def test_an_inaccurate_sdp_solve_still_gives_a_valid_bound(monkeypatch: Any) -> None:
     """The joint bound is certified by weak duality with the multipliers the solver
     returns: three SCS iterations give a loose bound, never a wrong one."""
