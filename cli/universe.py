@@ -147,8 +147,10 @@ def _run(paths: list[str], factory: str | None, start: int | str, out_dir: Path,
          max_samples: int | None, simplex: bool | None, resolution: int | None, overwrite: bool, resume: bool,
          worker_setup: str | None, as_json: bool, started: float) -> None:
     """The run, its outputs and what it prints."""
-    from symspec.outputs import FolderLock
+    from symspec.errors import SymspecInputError
+    from symspec.outputs import FolderLock, is_write_error
     from symspec.universe import build_report, save_outputs, universe_match
+    from symspec.universe.errors import WorkWriteError, resume_hint
 
     # held from here to the end: a second run on the same --out fails at once instead
     # of sharing (and removing) this run's work folder
@@ -176,8 +178,16 @@ def _run(paths: list[str], factory: str | None, start: int | str, out_dir: Path,
             if plot_name and analysis is not None:
                 analysis.plot(tmp / plot_name)
 
-        written = save_outputs(result, out_dir, report=report, overwrite=overwrite, extra=extra,
-                               extra_outputs={"simplex_plot": plot_name} if plot_name else None)
+        try:
+            written = save_outputs(result, out_dir, report=report, overwrite=overwrite, extra=extra,
+                                   extra_outputs={"simplex_plot": plot_name} if plot_name else None)
+        except SymspecInputError as e:
+            cause = e.__cause__
+            if cause is None or not is_write_error(cause):
+                raise
+            # --out could not be written (a full disk): the rounds are done and kept
+            code = cause.errno if isinstance(cause, OSError) else None
+            raise WorkWriteError(str(e) + resume_hint(WorkWriteError(str(e), code), partial, True), code) from e
         shutil.rmtree(partial, ignore_errors=True)
     report["outputs"] = written
     if as_json:

@@ -26,7 +26,7 @@ import torch
 
 from symspec.outputs import work_folder
 from tests.cli_files import ROOT, run
-from tests.test_outputs import files, one_error_line, tree  # noqa: F401  (files: a fixture)
+from tests.test_outputs import _enospc, _inject, files, one_error_line, tree  # noqa: F401  (files: a fixture)
 
 HOOK = "tests.test_universe_faults:fault_hook"
 
@@ -177,6 +177,19 @@ def test_a_full_disk_after_a_finished_round_keeps_the_work_and_the_rerun_resumes
     assert json.loads(stdout)["resumed_tasks"] == 2 + 1  # the canonical forms, and round 2's first model
     assert "note: resuming the unfinished run in" in stderr and "Traceback" not in stderr
     same_result(out, stdout, clean)
+
+
+def test_a_full_disk_while_writing_out_says_the_rounds_are_kept(
+        files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    out = tmp_path / "u"
+    with monkeypatch.context() as m:
+        _inject(m, "universe", _enospc)  # the merged model cannot be written into --out
+        code, _, stderr = universe(files, out, "--rounds", 1)
+    assert code == 2 and one_error_line(stderr), stderr
+    assert stderr.strip() == (f"error: cannot write {out}: No space left on device; the finished work is kept in "
+                              f"{work_folder(out)}: free some space and rerun the same command to resume")
+    code, stdout, stderr = universe(files, out, "--rounds", 1)  # positive control
+    assert code == 0 and json.loads(stdout)["resumed_tasks"] == 2 and (out / "merged.pt").exists(), stderr
 
 
 # ---------------------------------------------------------------- 2. names too long

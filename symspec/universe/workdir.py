@@ -234,7 +234,11 @@ class WorkFolder:
         but a run) is refused and left as it is; one holding a run of other inputs or
         settings (or any run, without ``resume``) is emptied."""
         temporary = workdir is None
-        work = Path(tempfile.mkdtemp(prefix="symspec-universe-")) if workdir is None else Path(workdir)
+        if workdir is None:
+            with writing(tempfile.gettempdir()):
+                work = Path(tempfile.mkdtemp(prefix="symspec-universe-"))
+        else:
+            work = Path(workdir)
         keep = (not temporary) if keep is None else keep
         if not temporary and os.path.lexists(work) and not work.is_symlink() and not work.is_dir():
             raise UniverseError(f"{work} exists and is not a universe work folder; give an empty or new folder")
