@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -92,13 +93,148 @@ def stderr_console() -> Any:
     return Console(stderr=True)
 
 
-def progress_bar(console: Any) -> Any:
-    """A transient rich progress bar (description, bar, done/total, elapsed time), not yet
-    started: the caller enters it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+#: seconds between two progress lines where stderr is not a terminal (a log file, a pipe)
+PROGRESS_SECONDS_ENV = "SYMSPEC_PROGRESS_SECONDS"
+PROGRESS_SECONDS = 5.0
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=True)
+
+def progress_seconds() -> float:
+    """:data:`PROGRESS_SECONDS`, or ``$SYMSPEC_PROGRESS_SECONDS`` when it is a number of
+    seconds (0: a line for every update, as the tests use it)."""
+    import math
+    import os
+
+    try:
+        value = float(os.environ.get(PROGRESS_SECONDS_ENV, ""))
+    except ValueError:
+        return PROGRESS_SECONDS
+    return value if value >= 0 and not math.isnan(value) else PROGRESS_SECONDS
+
+
+def progress_bar(console: Any, what: str | None = None, *, spinner: bool = False, disable: bool = False) -> Any:
+    """A rich progress bar (description, bar, done/total, elapsed time), not yet started:
+    the caller enters it. On a terminal it is drawn in place and erased at the end; where
+    the console is not a terminal (stderr logged to a file, a pipe, CI) the same object
+    prints a plain line instead, at most one every :func:`progress_seconds`, the first
+    after that long (a quick command prints none)::
+
+        check: sample 2/3: attn (5/12), 41 s, about 95 s left
+
+    ``what`` starts each line (default: the running command's name); ``spinner`` adds a
+    spinner to the bar; ``disable`` shows nothing either way."""
+    from rich import progress as rp
+
+    columns = ([rp.SpinnerColumn()] if spinner else []) + [rp.TextColumn("{task.description}"), rp.BarColumn(),
+                                                            rp.MofNCompleteColumn(), rp.TimeElapsedColumn()]
+    if disable or console.is_terminal:
+        return rp.Progress(*columns, console=console, transient=True, disable=disable)
+    if what is None:
+        ctx = click.get_current_context(silent=True)
+        what = ctx.info_name if ctx is not None and ctx.info_name else "symspec"
+    return _logged_progress()(*columns, console=console, transient=True, disable=True, what=what,
+                              interval=progress_seconds())
+
+
+@functools.cache
+def _logged_progress() -> type:
+    """rich's Progress, undrawn, printing a throttled plain line per update, and while a
+    step runs long without one, a line every interval all the same (a timer thread): a
+    log must show that a long trace or forward pass is still going. Built on first use:
+    rich is imported only by commands that show progress."""
+    import threading
+    import time
+
+    from rich.progress import Progress
+    from rich.text import Text
+
+    class LoggedProgress(Progress):
+        def __init__(self, *columns: Any, what: str, interval: float, **kw: Any) -> None:
+            super().__init__(*columns, **kw)
+            self.what, self.interval = what, interval
+            self.begin = self.last = time.monotonic()  # the first line after one interval: a quick run stays quiet
+            #: task -> (time, done) where its current count started, its total, its last done
+            self.counts: dict[Any, tuple[float, float, float, float]] = {}
+            self.current: Any = None  # the task updated last: what the timer reports
+            self.line_lock = threading.Lock()
+            self.stopped = threading.Event()
+            self.timer: threading.Thread | None = None
+
+        def start(self) -> None:
+            super().start()
+            if self.interval > 0 and self.timer is None:
+                self.timer = threading.Thread(target=self.tick, name="symspec-progress", daemon=True)
+                self.timer.start()
+
+        def stop(self) -> None:
+            self.stopped.set()
+            if self.timer is not None:
+                self.timer.join()
+            super().stop()
+
+        def tick(self) -> None:
+            while not self.stopped.wait(max(0.05, self.interval / 5)):
+                if self.current is not None:
+                    self.print_line(self.current, counted=False)
+
+        def add_task(self, *args: Any, **kw: Any) -> Any:
+            task = super().add_task(*args, **kw)
+            self.print_line(task)
+            return task
+
+        def update(self, task_id: Any, **kw: Any) -> None:
+            super().update(task_id, **kw)
+            self.print_line(task_id)
+
+        def advance(self, task_id: Any, advance: float = 1) -> None:
+            super().advance(task_id, advance)
+            self.print_line(task_id)
+
+        def print_line(self, task_id: Any, counted: bool = True) -> None:
+            with self.line_lock:
+                task = self._tasks.get(task_id)
+                if task is None:
+                    return
+                self.current = task_id
+                now = time.monotonic()
+                total, done = task.total, task.completed
+                if total is not None and counted:  # the rate is measured over the current count, not the set-up before it
+                    t0, d0, total0, last = self.counts.get(task_id, (now, done, total, done))
+                    if total != total0 or done < last:  # a new count (a phase, a round) starts
+                        t0, d0 = now, done
+                    self.counts[task_id] = (t0, d0, total, done)
+                if now - self.last < self.interval:
+                    return
+                self.last = now
+                line = f"{self.what}: {Text.from_markup(str(task.description)).plain}"
+                if total is not None:
+                    line += f" ({done:.0f}/{total:.0f})"
+                line += f", {now - self.begin:.0f} s"
+                t0, d0, _, _ = self.counts.get(task_id, (now, done, total, done))
+                if total is not None and d0 < done < total and now > t0:
+                    line += f", about {max(1.0, (now - t0) / (done - d0) * (total - done)):.0f} s left"
+                self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    return LoggedProgress
+
+
+@contextlib.contextmanager
+def progress_messages(what: str, quiet: bool = False) -> Iterator[Callable[[str], None]]:
+    """A progress callback for the core's messages (:class:`symspec.progress.Step`: text,
+    with ``done`` of ``total`` where it can count), shown by :func:`progress_bar` on
+    stderr while the block runs; ``quiet`` shows nothing."""
+    bar = progress_bar(stderr_console(), what, spinner=True, disable=quiet)
+    with bar:
+        task = bar.add_task("starting", total=None)
+
+        def say(message: str) -> None:
+            done, total = getattr(message, "done", None), getattr(message, "total", None)
+            if total is None:  # a step that does not count: no count left over from the one before
+                for t in bar.tasks:
+                    if t.id == task:
+                        t.total, t.completed = None, 0
+            bar.update(task, description=str(message), **({"completed": done, "total": total} if total is not None else {}))
+
+        yield say
 
 
 def stdout_console() -> Any:

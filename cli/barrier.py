@@ -187,7 +187,8 @@ def _measure(measurer: Any, loaded: list[tuple[Any, Any]], names: list[tuple[str
 
 
 class _progress:
-    """A rich progress bar on stderr (silent when stderr is not a terminal)."""
+    """A rich progress bar on stderr (a plain line every few seconds when stderr is not a
+    terminal: :func:`progress_bar`)."""
 
     def __init__(self, total: int, quiet: bool) -> None:
         self.total = total
@@ -195,11 +196,10 @@ class _progress:
         self.bar: Any = None
 
     def __enter__(self) -> Any:
-        console = stderr_console()
-        # not a terminal: no bar at all (a stopped bar there still ends its line, and an
-        # error raised inside it then came after an empty line)
-        if not self.quiet and console.is_terminal:
-            self.bar = progress_bar(console)
+        # not a terminal: no bar drawn (a drawn bar's end left an empty line before an
+        # error), a plain line every few seconds instead
+        if not self.quiet:
+            self.bar = progress_bar(stderr_console(), "barrier")
             self.bar.__enter__()
             self.task = self.bar.add_task("evaluating", total=self.total)
 

@@ -11,6 +11,7 @@ from ._common import (
     EXIT_OK,
     echo_json,
     handle_errors,
+    progress_messages,
     resolve_spec,
     stderr_console,
     stdout_console,
@@ -97,12 +98,11 @@ def check_cmd(model_file: str, spec_arg: str | None, samples: int, seed: int, dt
             return check(loaded.model, spec, inputs, samples=samples, seed=seed, dtypes=dts, spaces=spaces or None,
                          rtol=rtol, progress=progress, source=str(loaded.source))
 
+    with progress_messages("check") as say:  # a bar on a terminal, a line every few seconds in a log
+        report = run(say)
     if as_json:
-        report = run()
         echo_json(report.to_dict())
     else:
-        with console.status("checking...") as status:
-            report = run(lambda msg: status.update(msg))
         _print_table(report)
     sys.exit(EXIT_OK if report.passed else EXIT_FAIL)
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ._common import EXIT_FAIL, EXIT_OK, echo_json, handle_errors, stderr_console
+from ._common import EXIT_FAIL, EXIT_OK, echo_json, handle_errors, progress_messages, stderr_console
 from .check import MAX_BATCH, MAX_SEED
 
 
@@ -14,7 +14,8 @@ from .check import MAX_BATCH, MAX_SEED
 @click.argument("model_file", metavar="MODEL")
 @click.option("--out", metavar="SPEC.yaml", help="Write the spec here (default: print it).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists (never an input).")
-@click.option("--name", metavar="NAME", help="The spec's name (default: from the model's class).")
+@click.option("--name", metavar="NAME", callback=lambda ctx, param, value: _spec_name(value),
+              help="The spec's name (default: from the model's class).")
 @click.option("--model", "factory", metavar="MODEL.py", help="For a state-dict checkpoint: the model file whose build() makes its module.")
 @click.option("--samples", default=2, show_default=True, type=click.IntRange(1, 100), help="Random group elements per space in each check.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, MAX_SEED), help="Seed of the sampled elements and inputs.")
@@ -47,13 +48,8 @@ def infer_cmd(model_file: str, out: str | None, force: bool, name: str | None, f
             click.echo(f"note: {note}", err=True)
     loaded = load_model(model_file, factory=factory)
     inputs = loaded.example_inputs(batch=batch, seed=seed)
-    console = stderr_console()
-    if as_json:
-        result = infer(loaded.model, inputs, name=name, samples=samples, seed=seed)
-    else:
-        with console.status("inferring...") as status:
-            result = infer(loaded.model, inputs, name=name, samples=samples, seed=seed,
-                           progress=lambda msg: status.update(msg))
+    with progress_messages("infer") as say:  # a bar on a terminal, a line every few seconds in a log
+        result = infer(loaded.model, inputs, name=name, samples=samples, seed=seed, source=str(loaded.source), progress=say)
     ok = result.verified
     if target is not None and ok:
         publish_bytes([(target, result.yaml.encode("utf-8"))], force=force)
@@ -64,6 +60,18 @@ def infer_cmd(model_file: str, out: str | None, force: bool, name: str | None, f
         if target is None and ok:
             click.echo(result.yaml, nl=False)
     sys.exit(EXIT_OK if ok else EXIT_FAIL)
+
+
+def _spec_name(value: str | None) -> str | None:
+    """--name as given, or a usage error (one line, exit 2) when it cannot be a spec's name."""
+    if value is None:
+        return None
+    from symspec.inference.api import name_problem
+
+    problem = name_problem(value)
+    if problem:
+        raise click.BadParameter(problem, param_hint="--name")
+    return value
 
 
 def _summary(result, out: str | None) -> None:  # type: ignore[no-untyped-def]

@@ -22,6 +22,7 @@ from ._common import (
     data_inputs,
     echo_json,
     handle_errors,
+    progress_bar,
     resolve_spec,
     stderr_console,
     stdout_console,
@@ -82,14 +83,11 @@ def write_model(loaded: Any, state_dict: Any, folder: Path) -> list[str]:
 
 
 class _Progress:
-    """A rich progress line on stderr, fed by MatchEvents (silent when not a terminal)."""
+    """A rich progress line on stderr, fed by MatchEvents (a plain line every few seconds
+    when stderr is not a terminal: :func:`progress_bar`)."""
 
     def __init__(self, enabled: bool) -> None:
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        console = stderr_console()
-        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                            TimeElapsedColumn(), console=console, transient=True, disable=not (enabled and console.is_terminal))
+        self.bar = progress_bar(stderr_console(), "match", spinner=True, disable=not enabled)
         self.task: Any = None
 
     def __enter__(self) -> _Progress:

@@ -37,6 +37,7 @@ from .errors import SymspecInputError, suggest
 from .groups import Element
 from .precision import KeepFloat64
 from .problem import ParamBinding, Problem
+from .progress import Step
 from .spec.model import Spec
 from .statedict import check_finite
 from .transforms import inverse_elements, sample_elements, transform_tensor
@@ -475,6 +476,9 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
     (or why not: the check itself needs no graph). A ``BoundSpec`` bound with
     ``trace=True`` gets the same note.
 
+    ``progress(message)`` is called as each step starts; a message that can count is a
+    :class:`~symspec.progress.Step` with ``done`` of ``total`` samples.
+
     A model that cannot be checked raises :class:`~symspec.errors.SymspecInputError`
     (naming ``source``, where the model came from, when given): NaN or inf weights, a
     forward that fails on ``inputs`` in a checked precision, an output without a
@@ -486,8 +490,10 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
     for dt in dtypes:
         if dt not in DTYPES:
             raise ValueError(f"unknown dtype {dt!r}; use float64 or float32")
-    bound = spec if isinstance(spec, BoundSpec) else bind(spec, model, example_inputs=inputs, trace=trace)
     say = progress or (lambda msg: None)
+    if not isinstance(spec, BoundSpec):
+        say("binding the spec")
+    bound = spec if isinstance(spec, BoundSpec) else bind(spec, model, example_inputs=inputs, trace=trace)
     report = CheckReport(bound.spec.name, type(model).__name__, [])
     declared = _chosen_spaces(bound, spaces)
     if bound.graph is not None:
@@ -636,22 +642,25 @@ class _SpaceRun:
             pivot = None  # its chains mix with other spaces': 'all' must be applied at once
         drawn = [self.sample(all_insts, self.seed * 1000 + k) for k in range(self.samples)]
         rest = [d for d in declared if d != pivot]
+        # the steps below, counted for the progress messages: one per sample of each space
+        total = self.samples * (len(rest) + (pivot is not None or want_all))
+        steps = itertools.count()
         for d in rest:
             walk = _Walk(problem, self.mover, self.models, insts[d])
             for k, elems in enumerate(drawn):
-                self.say(f"sample {k + 1}/{self.samples}: {d}")
+                self.say(Step(f"sample {k + 1}/{self.samples}: {d}", next(steps), total))
                 walk.to({i: elems[i] for i in insts[d]})
                 self.record(d)
             walk.home()
         if want_all and pivot is None:
             for k, elems in enumerate(drawn):
-                self.say(f"sample {k + 1}/{self.samples}: all spaces together")
+                self.say(Step(f"sample {k + 1}/{self.samples}: all spaces together", next(steps), total))
                 self.measure("all", elems if len(declared) > 1 else self.sample(all_insts, self.seed * 1000 + 500 + k))
         if pivot is None:
             return None
         pivot_walk = _Walk(problem, self.mover, self.models, insts[pivot])
         for k, elems in enumerate(drawn):
-            self.say(f"sample {k + 1}/{self.samples}: {pivot}, then all spaces together")
+            self.say(Step(f"sample {k + 1}/{self.samples}: {pivot}, then all spaces together", next(steps), total))
             pivot_walk.to({i: elems[i] for i in insts[pivot]})
             self.record(pivot)
             self.measure("all", {i: elems[i] for d in rest for i in insts[d]})
@@ -669,8 +678,8 @@ class _SpaceRun:
         if pivot_walk is not None:
             pivot_walk.home()
         failing = []
-        for inst in insts:
-            self.say(f"locating the failure: {inst}")
+        for n, inst in enumerate(insts):
+            self.say(Step(f"locating the failure: {inst}", n, len(insts)))
             self.worst.pop(inst, None)
             self.measure(inst, self.sample([inst], self.seed * 1000))
             if any(not CheckRow(inst, "", dt, 1, *self.worst[inst][dt], self.tol[dt]).passed for dt in self.dtypes):

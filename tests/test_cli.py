@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -209,3 +210,66 @@ def test_a_model_without_a_built_in_spec_is_told_to_infer_one(tmp_path: Path, mo
     assert code == 0, err
     code, out, err = run("check", "two layer.py", "--spec", "spec.yaml")
     assert code == 0 and "all symmetries preserve the function" in out, err
+
+
+# -- progress where stderr is not a terminal (a log file): a plain line every few seconds ------
+
+#: check: sample 2/3: attn (5/12), 41 s, about 95 s left
+PROGRESS_LINE = r"^{what}: (round \d+: )?sample \d+/\d+: .+ \((\d+)/(\d+)\), \d+ s(, about \d+ s left)?$"
+
+
+@pytest.mark.parametrize("command", ["check", "infer"])
+def test_a_log_gets_plain_progress_lines(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # check (3 min 20 s) and infer (1 min 47 s) on SmolLM2-135M once logged nothing until they ended
+    monkeypatch.setenv("SYMSPEC_PROGRESS_SECONDS", "0")  # a line for every step
+    code, _, err = run(command, GPT, "--samples", "2")
+    assert code == 0, err
+    counted = [m for line in err.splitlines() if (m := re.match(PROGRESS_LINE.format(what=command), line))]
+    assert len(counted) >= 4, err
+    assert all(int(m.group(2)) < int(m.group(3)) for m in counted)
+    assert any(m.group(4) for m in counted), err  # how long is left, once there is a rate
+    assert "\x1b" not in err  # plain text: no colours, no cursor movement
+    if command == "infer":
+        assert "infer: tracing with torch.export" in err and "the spec passes its check" in err
+    # the control: throttled to one line an hour, a quick run logs none
+    monkeypatch.setenv("SYMSPEC_PROGRESS_SECONDS", "3600")
+    code, _, err = run(command, GPT, "--samples", "2")
+    assert code == 0 and not re.search(rf"^{command}: ", err, re.M), err
+
+
+def test_a_terminal_still_gets_the_rich_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    import symspec.cli._common
+
+    buf = io.StringIO()
+    monkeypatch.setattr(symspec.cli._common, "stderr_console", lambda: Console(file=buf, force_terminal=True, width=100))
+    monkeypatch.setenv("SYMSPEC_PROGRESS_SECONDS", "0")
+    code, _, err = run("check", GPT, "--samples", "1")
+    assert code == 0, err
+    drawn = buf.getvalue()
+    assert "━" in drawn and "sample 1/1" in drawn and "\x1b[2K" in drawn  # a bar, redrawn in place
+    assert "check: " not in drawn and "check: " not in err  # no log lines on a terminal
+
+
+def test_a_long_step_without_updates_still_logs_a_line() -> None:
+    # one step (tracing, a float64 forward pass of a large model) can take minutes by itself
+    import io
+    import time
+
+    from rich.console import Console
+
+    from symspec.cli._common import progress_bar
+
+    buf = io.StringIO()
+    bar = progress_bar(Console(file=buf, width=80), "infer")
+    bar.interval = 0.05
+    with bar:
+        bar.add_task("tracing with torch.export", total=None)
+        for _ in range(200):  # no update: the bar's timer must print (waits at most 10 s)
+            if "infer: tracing with torch.export" in buf.getvalue():
+                break
+            time.sleep(0.05)
+    assert re.match(r"^infer: tracing with torch\.export, \d+ s$", buf.getvalue().splitlines()[0])

@@ -22,6 +22,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import symspec
 from symspec.binding import bind
@@ -482,3 +484,71 @@ def test_an_experts_loop_that_cannot_be_exported_says_how_to_load_it() -> None:
     model, inputs = ZOO["mixtral"](experts_implementation="eager")
     with pytest.raises(symspec.inference.InferError, match="experts_implementation"):
         infer(model, inputs)
+
+
+# -- names and models that cannot give a spec ---------------------------------------------------
+
+#: what YAML reads specially at a scalar's start or inside it
+_YAML_SPECIALS = ["'", '"', "#", " #", ": ", ":", "- ", "-", "&a", "*a", "!tag", "!!int ", "%", "@", "`", "|", ">", "{", "}",
+                  "[", "]", ",", "?", "null", "~", "true", "no", "0x1F", "1e3", ".inf", "<<", "...", "---", " ", "\t",
+                  "\n", "\r", "\x85", "\u2028", "\ufeff", "\x00", "\ud800", "é", "名"]
+
+
+@pytest.fixture(scope="module")
+def tiny_draft() -> Any:
+    model, inputs = _tiny()
+    return infer(model, inputs, verify=False).draft
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.lists(st.one_of(st.sampled_from(_YAML_SPECIALS), st.text(max_size=4)), max_size=6).map("".join))
+def test_any_name_is_written_so_that_the_spec_reads_it_back(tiny_draft: Any, name: str) -> None:
+    # `--name "a: 'b' # c"` once wrote `name: a: 'b' # c`, which does not parse
+    from symspec.inference.api import name_problem
+    from symspec.inference.render import render
+
+    if name_problem(name) is not None:  # blank, or not printable on one line: refused before anything runs
+        with pytest.raises(symspec.inference.InferError, match=r"^spec name: the name must"):
+            infer(nn.Linear(2, 2), torch.randn(1, 2), name=name)
+        return
+    tiny_draft.name = name
+    assert loads_spec(render(tiny_draft, ["header"]), "named.yaml").name == name
+
+
+def test_cli_quotes_the_name_and_refuses_one_that_cannot_be_a_name(tmp_path: Path) -> None:
+    out = tmp_path / "named.yaml"
+    code, _, err = run("infer", EXAMPLES / "nanogpt.py", "--name", "a: 'b' # c", "--out", out)
+    assert code == 0, err
+    assert load_spec(out).name == "a: 'b' # c" and run("validate", out)[0] == 0
+    for bad, why in (("two\nlines", "printable text on one line"), ("  ", "must not be blank")):
+        code, _, err = run("infer", EXAMPLES / "nanogpt.py", "--name", bad, "--out", tmp_path / "bad.yaml")
+        assert code == 2 and err.startswith("error: Invalid value for --name: the name ") and why in err, err
+        assert len(err.strip().splitlines()) == 1 and not (tmp_path / "bad.yaml").exists()
+
+
+def test_a_model_without_parameters_is_named_and_nothing_is_written(tmp_path: Path) -> None:
+    # it once named a spec file that does not exist: "m_inferred.yaml:3:1: the spec declares no 'params'"
+    f = tmp_path / "act.py"
+    f.write_text("import torch\n"
+                 "class Act(torch.nn.Module):\n"
+                 "    def forward(self, x):\n"
+                 "        return torch.relu(x) * 2\n"
+                 "model = Act()\n"
+                 "def example_inputs(model, batch=2, seed=0):\n"
+                 "    return (torch.randn(batch, 4),)\n")
+    out = tmp_path / "act.yaml"
+    code, _, err = run("infer", f, "--out", out)
+    assert code == 2, err
+    assert err.strip() == (f"error: {f}: the model (Act) has no parameters: there are no weight symmetries to infer, "
+                           "and no spec to write")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["act.py"]
+    # the control: with a parameter, the same file gives a spec (under another name: files are imported once)
+    f = f.rename(tmp_path / "act2.py")
+    f.write_text(f.read_text().replace("return torch.relu(x) * 2", "return self.fc2(torch.relu(self.fc1(x)))")
+                 .replace("class Act(torch.nn.Module):\n",
+                          "class Act(torch.nn.Module):\n"
+                          "    def __init__(self):\n"
+                          "        super().__init__()\n"
+                          "        self.fc1, self.fc2 = torch.nn.Linear(4, 6), torch.nn.Linear(6, 4)\n"))
+    code, _, err = run("infer", f, "--out", out)
+    assert code == 0 and out.exists(), err

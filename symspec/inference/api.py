@@ -22,6 +22,7 @@ import attrs
 import torch
 
 from ..errors import SymspecInputError
+from ..progress import Step
 from .draft import Draft, build
 from .render import render
 from .walk import Facts, read_graph
@@ -96,18 +97,41 @@ def read_model(model: torch.nn.Module, example_inputs: Any) -> Facts:
     return read_graph(mg.gm, model)
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a spec's name (None when it can): a spec's name is printable
+    text on one line, not blank.
+
+    >>> name_problem("a: 'b' # c") is None, name_problem("  ")
+    (True, 'the name must not be blank')
+    """
+    if not name.strip():
+        return "the name must not be blank"
+    if not name.isprintable():  # line breaks, control characters, bytes that were not UTF-8 (surrogates)
+        return f"the name must be printable text on one line; got {name!r}"
+    return None
+
+
 def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = None, verify: bool = True,
           samples: int = 2, seed: int = 0, dtypes: tuple[str, ...] = ("float64", "float32"),
-          progress: Callable[[str], None] | None = None, max_rounds: int = 12) -> InferResult:
+          progress: Callable[[str], None] | None = None, max_rounds: int = 12, source: str | None = None) -> InferResult:
     """A spec for ``model`` drafted from its traced graph, and checked (see the module).
 
     ``example_inputs``: as for :func:`symspec.check` (a tensor, a tuple, a dict of keyword
     inputs). ``verify=False`` returns the draft unchecked (``check`` is then None).
+    ``source``: where the model came from, named in errors. A model without parameters
+    (nothing for a symmetry to act on) or a ``name`` that cannot be a spec's name
+    (:func:`name_problem`) is refused with :class:`InferError`.
     """
     from ..checker import check
     from ..spec import loads_spec
 
     say = progress or (lambda msg: None)
+    cls = type(model).__name__
+    if next(iter(model.parameters()), None) is None:
+        raise InferError(f"{source + ': ' if source else ''}the model ({cls}) has no parameters: "
+                         "there are no weight symmetries to infer, and no spec to write")
+    if name is not None and name_problem(name):
+        raise InferError(f"spec name: {name_problem(name)}")
     name = name or _default_name(model)
     say("tracing with torch.export")
     was_training = model.training
@@ -130,8 +154,12 @@ def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = Non
         if not verify:
             break
         say(f"checking the draft (round {attempts})")
+
+        def checking(msg: str, r: int = attempts) -> None:  # the check's steps, counted, within the round
+            say(Step.of(msg, f"round {r}: "))
+
         try:
-            report = check(model, spec, example_inputs, samples=samples, seed=seed, dtypes=dtypes)
+            report = check(model, spec, example_inputs, samples=samples, seed=seed, dtypes=dtypes, progress=checking)
         except SymspecInputError as e:
             # a model that cannot run in float64 (a float32-only kernel) is checked in float32 alone
             if "float64" not in dtypes or len(dtypes) == 1 or "in float64" not in str(e):
@@ -139,7 +167,7 @@ def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = Non
             dtypes = tuple(d for d in dtypes if d != "float64")
             draft.notes.append(f"the model cannot run in float64 ({str(e).split(': ', 1)[-1][:160]}); "
                                f"checked in {', '.join(dtypes)} only")
-            report = check(model, spec, example_inputs, samples=samples, seed=seed, dtypes=dtypes)
+            report = check(model, spec, example_inputs, samples=samples, seed=seed, dtypes=dtypes, progress=checking)
         if report.passed or attempts >= max_rounds:
             break
         failed = {r.space.replace("[*]", "") for r in report.failed_rows()}

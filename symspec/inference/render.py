@@ -4,31 +4,46 @@ and every parameter accounted for (layer templates where all layers agree)."""
 
 from __future__ import annotations
 
-import json
+import math
 import re
+
+import yaml
 
 from .draft import AxisBind, Draft, Factor, layer_of
 
 _LAYER = re.compile(r"\.(\d+)\.")
+#: what YAML reads as a line break
+_BREAKS = ("\n", "\r", "\x85", "\u2028", "\u2029")
 
 
-def _quote(s: str) -> str:
-    """Single-quoted YAML (a double quote inside needs no escape), else JSON-style."""
-    return f"'{s}'" if "'" not in s else json.dumps(s)
+def _scalar(s: str, flow: bool = False) -> str:
+    """``s`` as one YAML scalar on one line, written by PyYAML (plain where YAML reads it
+    back as the same string, else quoted; double-quoted with escapes where a quoted
+    scalar would break the line). ``flow``: an item of a flow sequence ``[a, b]``, where
+    commas and brackets need quotes too. Hand-made quoting once wrote ``name: a: 'b' # c``."""
+    for style in (None, '"'):
+        text = yaml.safe_dump([s] if flow else s, default_flow_style=True, default_style=style, width=math.inf,
+                              allow_unicode=True).removesuffix("\n").removesuffix("\n...")
+        if flow:
+            text = text[1:-1]
+        if not any(b in text for b in _BREAKS):
+            return text
+    raise ValueError(f"{s!r} cannot be written on one line")  # pragma: no cover - double quotes escape every break
+
+
+def _comment(s: str) -> str:
+    """Text for a ``# ...`` comment: one line (an error message in a note may hold several)."""
+    return re.sub("|".join(_BREAKS), " ", s)
 
 
 def _q(s: str) -> str:
-    """A block scalar, quoted only where YAML would read it otherwise."""
-    if not s or s != s.strip() or s[0] in "[]{}&*!|>'\"%@`,?-:#" or re.search(r": |\s#", s):
-        return _quote(s)
-    return s
+    """A scalar in block context (a mapping's key or value)."""
+    return _scalar(s)
 
 
 def _qf(s: str) -> str:
-    """An item of a flow sequence ``[a, b]``: quoted when it holds a flow indicator."""
-    if re.search(r"[,\[\]{}#:]", s) or s[0] in "&*!|>'\"%@`?-":
-        return _quote(s)
-    return s
+    """An item of a flow sequence ``[a, b]`` or mapping ``{a: b}``."""
+    return _scalar(s, flow=True)
 
 
 def factor_text(f: Factor, templated: bool, drafts: Draft) -> str | None:
@@ -70,13 +85,13 @@ def template_of(name: str) -> str:
 
 
 def render(draft: Draft, header: list[str]) -> str:
-    lines = [f"# {h}" if h else "#" for h in header]
-    lines += ["symspec: 1", f"name: {draft.name}",
-              f"description: inferred by symspec infer from the traced graph of {draft.model_class}",
-              f"models: [{draft.model_class}]", "", "dims:"]
+    lines = [f"# {_comment(h)}" if h else "#" for h in header]
+    lines += ["symspec: 1", f"name: {_q(draft.name)}",
+              f"description: {_q(f'inferred by symspec infer from the traced graph of {draft.model_class}')}",
+              f"models: [{_qf(draft.model_class)}]", "", "dims:"]
     for sym, (expr, value, comment) in draft.dims.items():
-        note = f"  # {comment}" if comment else ""
-        lines.append(f"  {sym}: {_q(expr)}{note}" if expr != str(value) else f"  {sym}: {value}  # from the traced shapes{'; ' + comment if comment else ''}")
+        note = f"  # {_comment(comment)}" if comment else ""
+        lines.append(f"  {sym}: {_q(expr)}{note}" if expr != str(value) else f"  {sym}: {value}  # from the traced shapes{'; ' + _comment(comment) if comment else ''}")
     alive = sorted((sp for sp in draft.spaces.values() if sp.alive), key=lambda sp: (sp.base not in ("resid", "sgn"), sp.base == "sgn"))
     lines += ["", "spaces:"]
     if not alive:
@@ -89,7 +104,7 @@ def render(draft: Draft, header: list[str]) -> str:
             doc += f"; {h[0]} failed the check ({h[2]}), shrunk to {h[1]}"
         lines.append(f"    doc: {_q(doc)}")
     if draft.ties:
-        lines += ["", "ties:"] + [f"  - [{a}, {b}]" for a, b in draft.ties]
+        lines += ["", "ties:"] + [f"  - [{_qf(a)}, {_qf(b)}]" for a, b in draft.ties]
     steps = _steps(draft)
     if steps:
         lines += ["", "canonicalize:", *steps]
@@ -121,22 +136,22 @@ def _templated_folds(draft: Draft) -> list[tuple[str, object]]:
 def _steps(draft: Draft) -> list[str]:
     lines: list[str] = []
     for name in draft.untie:
-        lines.append(f"  - untie: {name}")
+        lines.append(f"  - untie: {_q(name)}")
     for kind, fold in _templated_folds(draft):
         t = template_of if kind == "t" else (lambda s: s)
         lines.append("  - fold_norm:")
         if fold.gain:
-            lines.append(f"      gain: {t(fold.gain)}")
+            lines.append(f"      gain: {_q(t(fold.gain))}")
         if fold.bias:
-            lines.append(f"      bias: {t(fold.bias)}")
+            lines.append(f"      bias: {_q(t(fold.bias))}")
         if fold.offset:
             lines.append(f"      gain_offset: {fold.offset:g}")
         if fold.bias and not fold.fold_bias:
             lines.append("      fold_bias: false        # a layer that reads it has no bias: the norm keeps its bias")
         lines.append("      into:")
         for w, a, b in fold.into:
-            bias = f", bias: {json.dumps(t(b))}" if b and fold.fold_bias else ""
-            lines.append(f"        - {{weight: {json.dumps(t(w))}, axis: {a}{bias}}}")
+            bias = f", bias: {_qf(t(b))}" if b and fold.fold_bias else ""
+            lines.append(f"        - {{weight: {_qf(t(w))}, axis: {a}{bias}}}")
     if draft.center:
         lines.append("  - center:")
         lines.append("      writers:")
@@ -146,7 +161,7 @@ def _steps(draft: Draft) -> list[str]:
             if key in seen:
                 continue
             seen.add(key)
-            lines.append(f"        {template_of(name)}: {axis}")
+            lines.append(f"        {_q(template_of(name))}: {axis}")
     return lines
 
 
@@ -163,11 +178,11 @@ def _params(draft: Draft) -> list[str]:
         note_of = {n: draft.param_notes.get(n, "") for n in names}
         if uniform:
             note = note_of[names[0]] if len(set(note_of.values())) == 1 else ""
-            lines.append(f"  {tmpl}: {values[names[0]]}" + (f"  # {note}" if note else ""))
+            lines.append(f"  {_q(tmpl)}: {values[names[0]]}" + (f"  # {_comment(note)}" if note else ""))
         else:
             for n in names:
                 v = _with_view(n, param_value(draft.params[n], False, draft), draft)
-                lines.append(f"  {n}: {v}" + (f"  # {note_of[n]}" if note_of[n] else ""))
+                lines.append(f"  {_q(n)}: {v}" + (f"  # {_comment(note_of[n])}" if note_of[n] else ""))
     return lines
 
 
