@@ -361,21 +361,31 @@ def _garbage(p: Path) -> None:
     p.write_bytes(b"\x00garbage" * 4)
 
 
+def _empty_object(p: Path) -> None:
+    p.write_text("{}")
+
+
+def _remove(p: Path) -> None:
+    p.unlink()
+
+
 # (entry, how it is damaged, what the note says is recomputed)
 CORRUPT = [
     ("state.json", _truncate, "recomputing the rounds from the first"),
     ("canonical/01-b.safetensors", _truncate, "recomputing it"),
     ("canonical/00-a.json", _garbage, "recomputing it"),
-    ("canonical/01-b.json", lambda p: p.write_text("{}"), "recomputing it"),
+    ("canonical/01-b.json", _empty_object, "recomputing it"),
+    ("state.json", _remove, "recomputing the rounds from the first"),
     ("rounds/002/00-a.json", _truncate, "recomputing it"),
     ("rounds/002/00-a.aligned.safetensors", _garbage, "recomputing it"),
     ("rounds/002/universe.safetensors", _truncate, "recomputing the rounds from the first"),
     ("rounds/001/01-b.elements.safetensors", _truncate, "recomputing the rounds from the first"),
-    ("rounds/001/00-a.aligned.safetensors", lambda p: p.unlink(), "recomputing the rounds from the first"),
+    ("rounds/001/00-a.aligned.safetensors", _remove, "recomputing the rounds from the first"),
 ]
 
 
-@pytest.mark.parametrize(("entry", "damage", "recomputed"), CORRUPT, ids=[c[0] for c in CORRUPT])
+@pytest.mark.parametrize(("entry", "damage", "recomputed"), CORRUPT,
+                         ids=[f"{c[0]}-{c[1].__name__.strip('_')}" for c in CORRUPT])
 def test_a_corrupt_entry_is_named_and_recomputed(
         files: dict[str, Path], tmp_path: Path, interrupted: Path, clean: dict[str, Any],  # noqa: F811
         entry: str, damage: Callable[[Path], None], recomputed: str) -> None:

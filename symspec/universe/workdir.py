@@ -352,6 +352,13 @@ class WorkFolder:
         ``state.json`` is named and the rounds start over)."""
         path = self.path / "state.json"
         if not path.exists():
+            # only round 1 runs before the first state.json (and writes round 2's universe
+            # just before it): round 1 gone, or a later round's task results, without it
+            # are a log that was lost
+            rounds, first = self.path / "rounds", round_dir(self.path, 1)
+            later = [p for p in rounds.iterdir() if p != first] if rounds.is_dir() else []
+            if later and (not first.exists() or any(any(p.glob("*.json")) for p in later)):
+                self.restart_rounds(f"{path} is missing")
             return [], []
         why = damage(path)
         if why is None:
