@@ -7,6 +7,7 @@ The model and data side is tests/test_bad_inputs.py."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -279,6 +280,17 @@ NOT_A_FILE = [
 ]
 
 
+def _unblock(fifo: Path, after: float = 10.0) -> None:
+    """Open ``fifo`` for writing after ``after`` seconds and close it, so that a reader
+    blocked on it gets end-of-file; with no reader waiting, do nothing."""
+    import contextlib
+    import os
+
+    time.sleep(after)
+    with contextlib.suppress(OSError):  # no reader: the FIFO was refused without opening it for reading
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
 @pytest.mark.parametrize("command", ["validate", "check"])
 @pytest.mark.parametrize(("kind", "expect"), NOT_A_FILE, ids=[k for k, _ in NOT_A_FILE])
 def test_a_spec_path_that_is_not_a_small_regular_file_is_one_line(kind: str, expect: str, command: str, tmp_path: Path,
@@ -295,6 +307,7 @@ def test_a_spec_path_that_is_not_a_small_regular_file_is_one_line(kind: str, exp
     elif kind == "fifo":
         path = tmp_path / "spec.yaml"
         os.mkfifo(path)  # no writer: reading it once waited forever
+        threading.Thread(target=_unblock, args=(path,), daemon=True).start()  # a regression fails, never hangs
     elif kind == "too-large":
         path = tmp_path / "big.yaml"
         path.write_text(GOOD + "#" * 4096 + "\n")  # a valid spec, padded past the limit
