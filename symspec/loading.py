@@ -48,6 +48,7 @@ import attrs
 import torch
 
 from .errors import ModelLoadError
+from .io_util import read_small_file
 
 STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SAFETENSORS_SUFFIXES = (".safetensors",)
@@ -206,6 +207,9 @@ def import_file(path: str | Path) -> ModuleType:
     name = f"symspec_model_{p.stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
+    # a FIFO waits for a writer, /dev/zero (or a link to it) never ends: refuse either
+    # before the import system reads it
+    read_small_file(p, "model file", error=ModelLoadError)
     spec = importlib.util.spec_from_file_location(name, p)
     if spec is None or spec.loader is None:
         raise ModelLoadError(f"{path}: cannot be imported")
@@ -426,7 +430,7 @@ def _load_hf(path: Path) -> torch.nn.Module:
     except ImportError as e:
         raise ModelLoadError(f"{path}: a Hugging Face model folder needs transformers (pip install 'symspec[hf]')") from e
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        cfg = json.loads(read_small_file(cfg_path, "config file", error=ModelLoadError).decode("utf-8"))
     except (OSError, ValueError) as e:  # ValueError: bad JSON, and text that is not UTF-8
         raise ModelLoadError(f"{cfg_path}: unreadable config ({describe_failure(e)})") from e
     if not isinstance(cfg, dict):

@@ -269,7 +269,7 @@ def test_expand_models(tmp_path: Path) -> None:
     assert got == [str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), str(tmp_path / "b.pt"), str(tmp_path / "c.safetensors"), "x.pt"]
     with pytest.raises(UniverseError, match=r"\*.bin: no file matches"):
         expand_models([str(tmp_path / "*.bin")])
-    with pytest.raises(UniverseError, match="cannot read the list of models"):
+    with pytest.raises(UniverseError, match="no such list of models"):
         expand_models([f"@{tmp_path / 'missing.txt'}"])
     (tmp_path / "empty.txt").write_text("# nothing\n")
     with pytest.raises(UniverseError, match="the list of models is empty"):

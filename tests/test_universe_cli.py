@@ -169,7 +169,7 @@ def test_bad_inputs_exit_2_and_write_nothing(files: dict[str, Path]) -> None:
         ([files["seed0"], d / "nowhere.pt"], "no such file or folder: " + str(d / "nowhere.pt")),
         ([str(d / "*.safetensors")], "*.safetensors: no file matches"),
         ([files["seed0"]], "needs at least 2 models, got 1"),
-        ([f"@{d / 'missing.txt'}"], "cannot read the list of models"),
+        ([f"@{d / 'missing.txt'}"], "no such list of models"),
         ([files["seed0"], files["garbage"]], f"{files['garbage']}: cannot be read as a state dict"),
         ([files["model"], files["wide"]], f"{files['wide']} does not share the architecture of {files['model']}: ",
          "space resid is OC(32) here but OC(16) in the reference"),

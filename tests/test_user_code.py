@@ -123,3 +123,38 @@ def test_a_forward_that_moves_or_exits_on_the_probe(tmp_path: Path, monkeypatch:
     with pytest.raises(SymspecInputError, match=r"quits\.py: the model's forward failed on its example inputs "
                                                 r"\(at .*quits\.py:\d+\): it called os\._exit\(0\)"):
         load_model(quits).example_inputs()
+
+
+def _not_a_file(kind: str, where: Path) -> Path:
+    """A path that opens as something other than a small regular file."""
+    if kind == "fifo":
+        os.mkfifo(where)
+    else:  # a link to /dev/zero: endless, and the name looks right
+        where.symlink_to("/dev/zero")
+    return where
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_model_file_a_config_or_a_model_list_that_is_not_a_file_is_one_line(tmp_path: Path, kind: str) -> None:
+    """A FIFO once waited forever for a writer and /dev/zero was read until memory ran out,
+    for every input the commands read whole; each is now refused before a byte is read.
+    The control: the same paths as regular files load."""
+    good = model_file(tmp_path, "good.py", write_words(tmp_path / "words.txt"))
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    cases = [
+        (["check", _not_a_file(kind, tmp_path / "m.py"), "--samples", "1"], "m.py: is "),
+        (["check", folder, "--samples", "1"], "config.json: is "),
+        (["universe", f"@{_not_a_file(kind, tmp_path / 'list.txt')}", "--model", good, "--out", tmp_path / "u"],
+         "list.txt: is "),
+    ]
+    _not_a_file(kind, folder / "config.json")
+    for args, says in cases:
+        code, out, err = run(*args)
+        assert code == 2 and len(err.splitlines()) == 1 and says in err and "regular file" in err, err
+        assert "Traceback" not in err + out
+    assert not (tmp_path / "u").exists()
+    # the control: regular files in the same places are read
+    (tmp_path / "m.py").unlink()
+    (tmp_path / "m.py").write_text(good.read_text())
+    assert run("check", tmp_path / "m.py", "--samples", "1", "--dtype", "float64")[0] == 0

@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from ..errors import SymspecInputError
+from ..io_util import read_small_file
 from .errors import UniverseError
 
 
@@ -29,10 +30,7 @@ def expand_models(args: Sequence[str | Path]) -> list[str]:
         text = str(arg)
         if text.startswith("@"):
             listing = Path(text[1:])
-            try:
-                raw = listing.read_bytes()
-            except OSError as e:
-                raise UniverseError(f"{text}: cannot read the list of models ({e.strerror or e})") from None
+            raw = read_small_file(listing, "list of models", error=UniverseError)
             try:
                 content = raw.decode("utf-8")
             except UnicodeDecodeError as e:
