@@ -62,23 +62,113 @@ def methods_help() -> str:
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 
+class _HeldWhileLoading:
+    """A module loader that runs the real one with Ctrl-C held (see :class:`_WholeImports`)."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        from symspec.outputs import deferred_interrupts
+
+        with deferred_interrupts():
+            return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        from symspec.outputs import deferred_interrupts
+
+        with deferred_interrupts():
+            self._loader.exec_module(module)
+
+    def __getattr__(self, name: str) -> Any:  # resources, source, ...: the real loader's
+        return getattr(self._loader, name)
+
+
+class _WholeImports:
+    """An import finder that has torch and numpy imported whole, Ctrl-C held until they are
+    in (a second or so). Their C start-up cannot take an interrupt: torch imports numpy
+    from C and goes on without it on ANY error (a Ctrl-C there was swallowed, numpy left
+    half-imported, and the run failed far away: ``numpy._core has no attribute
+    _multiarray_umath``), and a KeyboardInterrupt inside pybind11's start-up aborts the
+    process (``terminate called after throwing ... error_already_set``, exit -6)."""
+
+    WHOLE = ("torch", "numpy")
+
+    def __init__(self) -> None:
+        self._finding = False
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name not in self.WHOLE or self._finding:
+            return None
+        import importlib.machinery
+
+        self._finding = True
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        finally:
+            self._finding = False
+        if spec is not None and spec.loader is not None:
+            spec.loader = _HeldWhileLoading(spec.loader)
+        return spec
+
+
+@contextlib.contextmanager
+def _watching_interrupts() -> Iterator[list[int]]:
+    """Ctrl-C as ``KeyboardInterrupt``, as always, but remembered: a library that swallows
+    it (a broad ``except``, a C extension that clears every error) cannot turn it into
+    another failure's traceback. Also puts :class:`_WholeImports` first in line."""
+    import signal
+    import threading
+
+    seen: list[int] = []
+    finder = _WholeImports()
+    sys.meta_path.insert(0, finder)  # type: ignore[arg-type]
+    ours = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    if ours:
+        signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield seen
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(finder)  # type: ignore[arg-type]
+
+
 def handle_errors(fn: F) -> F:
-    """Map symspec's input errors to exit code 2 with a clean message (no traceback), and
-    Ctrl-C to the shell's convention, exit 130 with one line (outputs were already rolled
-    back by the code that was writing them)."""
+    """Map symspec's input errors to exit code 2 with a clean message (no traceback), the
+    file system's refusals that the environment caused (a full disk, a read-only file
+    system, a name too long: :func:`symspec.io_util.environment_error`) too, wherever
+    they surface, and Ctrl-C to the shell's convention, exit 130 with one line (outputs
+    were already rolled back by the code that was writing them), also when a library
+    swallowed the interrupt and something else failed because of it."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from symspec.errors import SymspecInputError
 
-        try:
-            return fn(*args, **kwargs)
-        except SymspecInputError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(EXIT_INPUT)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+        with _watching_interrupts() as interrupted:
+            try:
+                return fn(*args, **kwargs)
+            except KeyboardInterrupt:
+                pass
+            except Exception as e:
+                if not interrupted:
+                    from symspec.io_util import environment_error
+
+                    message = str(e) if isinstance(e, SymspecInputError) else environment_error(e)
+                    if message is None:
+                        raise
+                    click.echo(f"error: {message}", err=True)
+                    sys.exit(EXIT_INPUT)
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
 
     return wrapper  # type: ignore[return-value]
 

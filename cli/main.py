@@ -7,6 +7,7 @@ nor cvxpy nor matplotlib. Exit codes: 0 success, 1 a check that failed, 2 bad in
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from typing import Any
 
@@ -59,6 +60,9 @@ class LazyGroup(click.Group):
             raise
         except click.UsageError as e:  # a command's options and arguments, an unknown command
             raise OneLineUsageError(e.format_message(), e.ctx) from e
+        except KeyboardInterrupt:  # Ctrl-C while the command's modules load (its handle_errors is not on yet)
+            click.echo("interrupted", err=True)
+            sys.exit(130)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -87,7 +91,11 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> Any:
-    return cli.main(args=argv, prog_name="symspec", standalone_mode=True)
+    try:
+        return cli.main(args=argv, prog_name="symspec", standalone_mode=True)
+    finally:  # the command is over (outputs published or rolled back): a Ctrl-C while the
+        # interpreter shuts down has nothing left to stop, and would only hide the exit code
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,10 +1,12 @@
 """JSON documents keep non-finite numbers as strings (files themselves are written by
 :mod:`symspec.outputs`: :func:`~symspec.outputs.atomic_write` and the rest); small input
 files (specs, lists, configs) are read whole, but only when they are regular files of a
-sane size (:func:`read_small_file`)."""
+sane size (:func:`read_small_file`); and the file system's refusals that are the
+environment's, never the program's, as one line (:func:`environment_error`)."""
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import stat
@@ -87,4 +89,39 @@ def read_small_file(path: str | Path, what: str, *, limit: int | None = None,
     return data
 
 
-__all__ = ["MAX_TEXT_BYTES", "json_safe", "read_small_file"]
+#: what the file system says about the place, not about the program: a full disk, a
+#: read-only file system, a name too long, no permission, a loop of links; each with what
+#: to do about it. (A missing file, or a folder where a file was expected, is the loaders'
+#: to say in their own words: here it could as well be a bug.)
+_ENVIRONMENT = {
+    errno.ENOSPC: "free some space and run it again",
+    errno.EDQUOT: "free some space (or raise the quota) and run it again",
+    errno.EFBIG: "write it to another file system",
+    errno.EROFS: "write it to another file system",
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.EACCES: "check its permissions",
+    errno.EPERM: "check its permissions",
+    errno.ELOOP: "a symbolic link points, through others, back to itself",
+    errno.EIO: "the device failed: check it",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
+    errno.ENFILE: "too many open files in the system",
+}
+
+
+def environment_error(e: BaseException) -> str | None:
+    """One line for an ``OSError`` that the place caused (:data:`_ENVIRONMENT`): the path,
+    the system's reason and what to do; None for any other error (a bug shows as one).
+
+    >>> environment_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "out/x.json"))
+    'out/x.json: No space left on device; free some space and run it again'
+    >>> environment_error(OSError(errno.ENOENT, "No such file or directory", "x")) is None
+    True
+    """
+    if not isinstance(e, OSError) or e.errno not in _ENVIRONMENT:
+        return None
+    reason = e.strerror or os.strerror(e.errno)
+    where = f"{os.fsdecode(e.filename)}: " if e.filename is not None else ""
+    return f"{where}{reason}; {_ENVIRONMENT[e.errno]}"
+
+
+__all__ = ["MAX_TEXT_BYTES", "environment_error", "json_safe", "read_small_file"]
