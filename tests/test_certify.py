@@ -367,6 +367,18 @@ def test_ctrl_c_during_the_sdp_solve_exits_130(tmp_path: Any, hang: bool) -> Non
     assert not [p.name for p in tmp_path.iterdir() if p.name == "out" or p.name.startswith(".symspec-staging")]
 
 
+def test_vanilla_averaging_has_no_certificate() -> None:
+    """--method none searched no group (raw weights, no elements): its certificate was
+    KeyError: 'resid' from the per-space bounds; now one input error. Weight matching's
+    result (the control) is certified."""
+    from symspec.errors import SymspecInputError
+
+    spec = loads_spec(REC_SPEC, "rec.yaml")
+    assert align(Rec(4, 0), Rec(4, 1), spec).certify().per_space
+    with pytest.raises(SymspecInputError, match=r"^--method none aligns nothing"):
+        align(Rec(4, 0), Rec(4, 1), spec, method="none").certify()
+
+
 def test_a_failed_scs_solve_is_retried_with_clarabel_only_where_it_fits(monkeypatch: Any) -> None:
     """Clarabel's KKT system is dense in a PSD cone's entries: for the 574 x 574 Gram
     matrix of the report exactly the 217866005000 bytes it failed to allocate. A failed

@@ -87,13 +87,20 @@ def check_inputs(model: torch.nn.Module, data: EvalData, label: str = "the model
     here or :func:`check_fits`), and raise one :class:`DataError` line if it cannot take
     them: data of the wrong kind (images for a model that reads token ids, token ids for
     one that reads images) is named as such, with the source and what the model takes;
-    any other failure with the likely cause. Returns (the model's output, the targets)."""
-    inputs, targets = data.batches[0]
-    n = min(2, batch_len(targets))
-    x, y = slice_inputs(inputs, n), targets[:n]
+    any other failure with the likely cause. Returns (the model's output, the targets).
+    ``data``: :class:`EvalData`, or any object with ``batches`` of (inputs, targets or
+    None), as the alignment methods take; without batches there is nothing to check."""
+    batches = getattr(data, "batches", None)
+    if not batches:
+        return None, None
+    inputs, targets = batches[0]
+    n = min(2, batch_len(targets)) if isinstance(targets, torch.Tensor) else 2
+    x, y = slice_inputs(inputs, n), targets[:n] if isinstance(targets, torch.Tensor) else targets
     param = next(iter(model.parameters()), None)
     if param is not None:
-        x, y = move(x, param.device, param.dtype), y.to(param.device)
+        x = move(x, param.device, param.dtype)
+        y = y.to(param.device) if isinstance(y, torch.Tensor) else y
+    name = getattr(data, "name", "the data")
     wrong: list[str] = []
     hooks = [m.register_forward_pre_hook(_kind_probe(name, m, wrong)) for name, m in model.named_modules()
              if isinstance(m, _READS_IDS + _READS_FLOATS)]
@@ -102,10 +109,10 @@ def check_inputs(model: torch.nn.Module, data: EvalData, label: str = "the model
             out = call_model(model, x)
     except (Exception, SystemExit) as e:
         if wrong:
-            raise DataError(f"{data.name} does not fit {label}: the data gives {_describe(x, data)}, but {label} "
+            raise DataError(f"{name} does not fit {label}: the data gives {_describe(x, data)}, but {label} "
                             f"takes {wrong[0]}; give --data of that kind") from e
         msg = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-        raise DataError(f"{data.name} does not fit {label}: it fails on the first batch with "
+        raise DataError(f"{name} does not fit {label}: it fails on the first batch with "
                         f"{type(e).__name__}: {msg}{_likely_cause(data)}") from e
     finally:
         for h in hooks:
@@ -145,7 +152,7 @@ def _describe(x: Any, data: EvalData) -> str:
         return f"{type(x).__name__} inputs"
     shape = "x".join(str(d) for d in t.shape[1:])
     if t.is_floating_point():
-        what = "images" if data.kind == "images" or t.dim() == 4 else "floating-point inputs"
+        what = "images" if getattr(data, "kind", None) == "images" or t.dim() == 4 else "floating-point inputs"
         return f"{what} ({str(t.dtype).replace('torch.', '')} tensors of {shape} per example)"
     return f"integer ids (token ids: {str(t.dtype).replace('torch.', '')} tensors of {shape} per example)"
 
@@ -167,7 +174,9 @@ def check_fits(model: torch.nn.Module, data: EvalData, label: str = "the model")
 
 
 def _likely_cause(data: EvalData) -> str:
-    d = data.details
+    d = getattr(data, "details", None) or {}
+    if not hasattr(data, "kind"):
+        return ""
     if data.kind == "text" and "tokenizer" in d:
         return (f" (the data has token ids up to {d.get('max_id')} and blocks of {d.get('context')}: does the model's "
                 "vocabulary or context fit?)")
