@@ -149,6 +149,9 @@ def handle_errors(fn: F) -> F:
     were already rolled back by the code that was writing them), also when a library
     swallowed the interrupt and something else failed because of it."""
 
+    if getattr(fn, "_handles_errors", False):  # already wrapped (the group wraps every command)
+        return fn
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from symspec.errors import SymspecInputError
@@ -170,6 +173,7 @@ def handle_errors(fn: F) -> F:
         click.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
 
+    wrapper._handles_errors = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from ._common import handle_errors
+
 #: command name -> (module, attribute, one-line help). New commands register here.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "check": ("symspec.cli.check", "check_cmd", "Verify that a spec's symmetries preserve a model's function."),
@@ -72,7 +74,10 @@ class LazyGroup(click.Group):
         if entry is None:
             return None
         module, attr, _ = entry
-        return getattr(importlib.import_module(module), attr)
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        if command.callback is not None:  # every command maps errors and Ctrl-C alike, decorated or not
+            command.callback = handle_errors(command.callback)
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
