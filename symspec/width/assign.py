@@ -99,7 +99,9 @@ def _lp(c: torch.Tensor) -> Assignment:
     solver = next((s for s in ("HIGHS", "CLARABEL", "SCS") if s in cp.installed_solvers()), None)
     if solver is None:
         raise RuntimeError("cvxpy has no LP solver installed (HiGHS, Clarabel or SCS)")
-    problem.solve(solver=solver)
+    from ..solvers.convex import solve
+
+    solve(problem, solver)  # Ctrl-C inside SCS is KeyboardInterrupt, not a failed solve
     if x.value is None:
         raise RuntimeError(f"the LP relaxation did not solve ({problem.status})")
     sol = torch.as_tensor(x.value)
