@@ -215,6 +215,15 @@ def _summary(command: str, a: str, b: str, out: Path, files: list[str], result: 
     return data
 
 
+def _loading_notes(data: dict[str, Any], *loaded: Any) -> dict[str, Any]:
+    """``data`` with the notes of how its inputs were read (``LoadedModel.note``: a GGUF
+    file was dequantised and is written back as a Hugging Face folder), where any."""
+    notes = [lm.note for lm in loaded if getattr(lm, "note", None)]
+    if notes:
+        data["notes"] = notes
+    return data
+
+
 def _print_summary(data: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -273,6 +282,8 @@ def _print_summary(data: dict[str, Any]) -> None:
     elif (data.get("info") or {}).get("lift_free"):
         console.print(f"--lift-free: {data['info']['lift_free']}")
     console.print(f"wrote {data['out']}: {', '.join(data['files'])}")
+    for note in data.get("notes", []):  # how the inputs were read (a GGUF file: dequantised, written as a folder)
+        console.print(f"note: {note}", markup=False, highlight=False)
 
 
 def _print_certificate(console: Any, cert: dict[str, Any]) -> None:
@@ -373,7 +384,8 @@ def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, o
     matching, data-free; learned matching: --method learned --data SOURCE, with --steps,
     --lr, --lambda, ...).
 
-    A and B: model files, Hugging Face folders, or state dicts / safetensors with --model.
+    A and B: model files, Hugging Face folders, GGUF files (dequantised; written back as a
+    Hugging Face folder), or state dicts / safetensors with --model.
     Writes into OUT: B aligned, in B's own format (a Hugging Face folder stays one; a
     checkpoint becomes model.<ext>), its transform record (transform.safetensors and
     transform.json: the group element of every space, to re-apply or invert) and
@@ -406,7 +418,7 @@ def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, o
         files: list[str] = []
         lifted = result.info.get("lift")
         aligned = _unfolded(result, result.aligned_b, la, extra) if unfold_norms else result.aligned_b
-        data = _summary("match", model_a, model_b, out, files, result, extra)
+        data = _loading_notes(_summary("match", model_a, model_b, out, files, result, extra), la, lb)
         # a B lifted to A's widths is written in A's format and config
         publish(out, force, _filler(la if lifted else lb, aligned, result, "match", data, files, (model_a, model_b)))
     if as_json:
@@ -475,7 +487,8 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
         extra = {"groups": result.record.meta["groups"]} if result is not None else {"method": "none"}
         if unfold_norms:
             merged = _unfolded(result, merged, la, extra)
-        data = _summary("merge", model_a, model_b, out, files, result, {"alpha": alpha, "aligned": not no_align, **extra})
+        data = _loading_notes(_summary("merge", model_a, model_b, out, files, result,
+                                       {"alpha": alpha, "aligned": not no_align, **extra}), la, lb)
 
         publish(out, force, _filler(la, merged, result, "merge", data, files, (model_a, model_b)))
     if as_json:

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ._bounds import SEED, STEPS
+from ._bounds import BATCH_SIZE, SEED, STEPS
 from ._common import (
     EXIT_OK,
     FiniteFloat,
@@ -73,7 +73,7 @@ MAX_SIMPLEX_POINTS = 100_000
                    "loss over the simplex (simplex.png).")
 @click.option("--split", default="val", show_default=True, type=click.Choice(["train", "val", "test"]),
               help="Which split --data evaluates.")
-@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1), help="Examples per forward pass.")
+@click.option("--batch-size", default=64, show_default=True, type=BATCH_SIZE, help="Examples per forward pass.")
 @click.option("--max-samples", type=click.IntRange(min=1), help="Use at most this many examples of the split.")
 @click.option("--simplex/--no-simplex", "simplex", default=None,
               help="Evaluate the loss over the simplex of the models (default: with 3 models or fewer).")

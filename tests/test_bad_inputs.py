@@ -441,6 +441,10 @@ CASES = [
          lambda work, base, bad: option("universe", "--resolution", "1000000", "2", "--data", f"text:{base['text']}",
                                         "--max-samples", "4")(work, base, bad),
          "--resolution", "grid points"),
+    Case("universe-batch-size-absurd",
+         lambda work, base, bad: option("universe", "--batch-size", "100000000", "8", "--data", f"text:{base['text']}",
+                                        "--max-samples", "4")(work, base, bad),
+         "--batch-size", "exhausts memory"),
     Case("barrier-image-size-absurd", image_size, "size", "must be at most 1024"),
     # seeds past 64 bits failed deep in torch ("Overflow when unpacking long long"); steps
     # and sizes past any sensible range ran until killed: each bound says why it is there

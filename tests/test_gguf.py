@@ -176,6 +176,11 @@ def test_match_recovers_a_planted_permutation_and_writes_a_folder_that_loads(pai
     assert summary["distance"]["aligned"] < 1e-4
     # B came from GGUF: it is written as a Hugging Face folder, the record beside it
     assert {"config.json", "model.safetensors", "transform.json", "match.json"} <= set(summary["files"])
+    # and says so: how each input was read, with the format it is written in
+    assert len(summary["notes"]) == 2 and all("dequantised to float32" in n and "Hugging Face folder" in n
+                                              for n in summary["notes"]), summary.get("notes")
+    code, stdout, err = run("match", pair["a_path"], pair["b_path"], "--out", out, "--force")
+    assert code == 0 and stdout.count("note: ") == 2 and "read from GGUF" in stdout, (stdout, err)
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and config["architectures"] == ["LlamaForCausalLM"]
     back = load_model(out)
