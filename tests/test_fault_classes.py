@@ -46,7 +46,7 @@ import yaml
 from symspec.loading import load_model
 from symspec.outputs import work_folder
 from tests.cli_files import ROOT, model_file, run, write_words
-from tests.test_outputs import _enospc, _inject, one_error_line, tree
+from tests.test_outputs import _enospc, _inject, tree
 
 # ---------------------------------------------------------------- the commands
 
@@ -75,7 +75,7 @@ WRITERS = list(OUTPUT)
 READERS = {"check": "spec", "validate": "spec"}
 #: which fault of tests/test_outputs.py stands for a full disk where none can be mounted
 INJECT_AS = {"infer": "schema", "schema": "schema", "match": "match", "match-learned": "match", "merge": "merge",
-             "barrier-report": "barrier", "barrier-plot": "barrier", "universe": "universe"}
+             "barrier-report": "barrier-report", "barrier-plot": "barrier", "universe": "universe"}
 
 #: (command, input): each input a device file can stand for
 DEVICE_CELLS = [("check", "model"), ("check", "spec"), ("validate", "spec"), ("infer", "model"),
@@ -121,6 +121,14 @@ def line(command: str, inputs: dict[str, Path], out: Path | None = None, **given
         values["models"] = f"{given.pop('a', inputs['a'])} {given.pop('b', inputs['b'])}"
     values.update(given)
     return COMMANDS[command].format(**values, out=out).split()
+
+
+def one_error_line(stderr: str) -> bool:
+    """Exactly one ``error: `` line, the last (progress or ``note:`` lines may come
+    before it), and no traceback."""
+    lines = [row for row in stderr.splitlines() if row.strip()]
+    errors = [row for row in lines if row.startswith("error: ")]
+    return len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in stderr
 
 
 def left(root: Path) -> list[str]:
@@ -231,7 +239,10 @@ def test_a_device_file_as_input_is_refused_with_one_line(
 # ---------------------------------------------------------------- a full disk, a read-only file system
 
 def _mount(folder: Path, *options: str) -> str | None:
-    """Mount a small tmpfs on ``folder``; None when done, else why it could not be."""
+    """Mount a small tmpfs on ``folder``; None when done, else why it could not be.
+    ``SYMSPEC_TEST_NO_MOUNT=1`` runs the fallbacks where mounting works."""
+    if os.environ.get("SYMSPEC_TEST_NO_MOUNT"):
+        return "SYMSPEC_TEST_NO_MOUNT is set"
     try:
         proc = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(("size=64k", *options)), "tmpfs", str(folder)],
                               capture_output=True, text=True, timeout=30)
@@ -252,6 +263,7 @@ class Place:
 
     folder: Path
     fallback: str | None = None
+    inject: Callable[[pytest.MonkeyPatch], None] | None = None  # the stand-in, where it is injected
 
 
 @pytest.fixture
@@ -288,8 +300,16 @@ def read_only(tmp_path: Path) -> Iterator[Place]:
             why = "remount,ro failed"
         finally:
             _umount(mnt)
-    if os.geteuid() == 0:
-        pytest.skip(f"no read-only file system could be mounted ({why}), and root writes through chmod 555")
+    if os.geteuid() == 0:  # root writes through chmod 555: the folder says it is not writable
+        real_access = os.access
+
+        def inject(monkeypatch: pytest.MonkeyPatch) -> None:
+            monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if Path(path) == mnt and mode & os.W_OK
+                                else real_access(path, mode, **kw))
+
+        yield Place(mnt, f"no tmpfs could be mounted ({why}), and root writes through chmod 555: os.access "
+                         "says the folder is not writable, as in tests/test_outputs.py", inject)
+        return
     mnt.chmod(0o555)
     try:
         yield Place(mnt, f"no tmpfs could be mounted ({why}): a folder without write permission instead")
@@ -321,10 +341,13 @@ def test_a_full_disk_gives_one_line_and_leaves_nothing(
 
 @pytest.mark.parametrize("command", WRITERS)
 def test_a_read_only_file_system_gives_one_line(
-        inputs: dict[str, Path], read_only: Place, controls: Callable[[str], list[str] | None], command: str) -> None:
+        inputs: dict[str, Path], read_only: Place, controls: Callable[[str], list[str] | None],
+        monkeypatch: pytest.MonkeyPatch, command: str) -> None:
     controls(command)
     if read_only.fallback:
         warnings.warn(read_only.fallback, stacklevel=1)
+    if read_only.inject:
+        read_only.inject(monkeypatch)
     out = read_only.folder / "new" / OUTPUT[command]
     before = tree(inputs["dir"])
     code, _, stderr = run(*line(command, inputs, out))
@@ -383,7 +406,7 @@ def test_an_overlong_input_path_gives_one_line(
 
 # ---------------------------------------------------------------- Ctrl-C
 
-DELAYS = [0.2, 1.0, 2.0, 4.0]
+DELAYS = [0.2, 1.0, 1.5, 2.0, 4.0]
 
 
 @dataclass

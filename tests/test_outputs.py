@@ -233,6 +233,10 @@ def _inject(monkeypatch: pytest.MonkeyPatch, command: str, fault: Callable[[], B
         from symspec.analyzers.report import BarrierReport
 
         monkeypatch.setattr(BarrierReport, "plot", lambda self, path, title=None: half(Path(path)))
+    elif command == "barrier-report":  # barrier writing its JSON report alone
+        from symspec.analyzers.report import BarrierReport
+
+        monkeypatch.setattr(BarrierReport, "write_json", lambda self, path: half(Path(path)))
     else:
         monkeypatch.setattr(Path, "write_bytes", lambda self, data: half(self))
     return touched
