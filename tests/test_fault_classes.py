@@ -2,10 +2,11 @@
 
 Each command that reads or writes a user path meets, one test id per cell:
 
-- a device file as input (``/dev/zero`` itself, and a link to it named like the input
-  it stands for: ``zero.py``, ``zero.pt``, ``zero.yaml``, ``zero.txt``): refused with one
-  line, never read forever nor until memory runs out (each such cell runs in-process
-  under a memory limit and an alarm, so a bug fails the cell instead of the machine);
+- a device file as input (``/dev/zero`` itself, a link to it named like the input it
+  stands for: ``zero.py``, ``zero.pt``, ``zero.yaml``, ``zero.txt``, and a named pipe
+  that nobody writes, named so): refused with one line, never read forever nor until
+  memory runs out (each such cell runs in-process under a memory limit and an alarm,
+  so a bug fails the cell instead of the machine);
 - a real full disk (a 64 KiB tmpfs filled to the last byte): one line, exit 2, and
   nothing left behind, not even the folders made for the output;
 - a real read-only file system (the tmpfs remounted read-only);
@@ -89,7 +90,7 @@ NAMED = {"model": "zero.py", "a": "zero.pt", "b": "zero.pt", "spec": "zero.yaml"
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The smallest models the commands take (a one-layer nanoGPT of width 8), two
     checkpoints of it, a word text, a spec file, a list of the checkpoints, and links to
-    /dev/zero named like each of them (in their own folder)."""
+    /dev/zero and named pipes named like each of them (in their own folder)."""
     d = tmp_path_factory.mktemp("fault_inputs")
     text = d / "words.txt"
     mf = model_file(d, "gpt.py", write_words(text), d=8)
@@ -106,6 +107,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     devices = tmp_path_factory.mktemp("fault_devices")
     for name in set(NAMED.values()):
         (devices / name).symlink_to("/dev/zero")
+        os.mkfifo(devices / ("fifo" + Path(name).suffix))
     return {"dir": d, "devices": devices, "model": mf, "a": d / "a.pt", "b": d / "b.pt", "text": text,
             "spec": d / "spec.yaml", "list": d / "models.txt"}
 
@@ -195,10 +197,13 @@ def _vm_size() -> int:
 
 
 @contextlib.contextmanager
-def bounded(seconds: int = 60, memory: int = 3 << 30) -> Iterator[None]:
+def bounded(seconds: int = 8, memory: int = 3 << 30, fifo: Path | None = None) -> Iterator[None]:
     """Run the block with at most ``memory`` more bytes of address space and ``seconds``
     of time: reading /dev/zero to its end fails the cell in a second (MemoryError) instead
-    of taking the machine's memory, and a read that blocks raises :class:`ReadForever`."""
+    of taking the machine's memory, and a read that blocks raises :class:`ReadForever`.
+    A ``fifo`` that the block waits on in C (``open`` blocks, and no Python handler runs
+    until it returns) is opened for writing and closed once the time is up, so the wait
+    ends and the alarm's error comes."""
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = _vm_size() + memory
@@ -209,29 +214,49 @@ def bounded(seconds: int = 60, memory: int = 3 << 30) -> Iterator[None]:
     def alarm(signum: int, frame: object) -> None:
         raise ReadForever(f"still running after {seconds} s")
 
+    done = threading.Event()
+
+    def writer() -> None:
+        if fifo is None or done.wait(seconds):
+            return
+        while not done.wait(0.2):
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO while nobody reads it
+
     previous = signal.signal(signal.SIGALRM, alarm)
     signal.alarm(seconds)
+    watch = threading.Thread(target=writer, daemon=True)
+    watch.start()
     try:
         yield
     finally:
+        done.set()
+        watch.join()
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-@pytest.mark.parametrize("named", [False, True], ids=["dev-zero", "named-link"])
+DEVICES = ["dev-zero", "named-link", "fifo"]
+
+
+@pytest.mark.parametrize("kind", DEVICES)
 @pytest.mark.parametrize(("command", "role"), DEVICE_CELLS, ids=[f"{c}-{r}" for c, r in DEVICE_CELLS])
 def test_a_device_file_as_input_is_refused_with_one_line(
         inputs: dict[str, Path], tmp_path: Path, controls: Callable[[str], list[str] | None],
-        command: str, role: str, named: bool) -> None:
+        command: str, role: str, kind: str) -> None:
+    """/dev/zero itself, a link to it named like the input, and a named pipe (FIFO) named
+    so, which nobody writes: opening it waits forever."""
     controls(command)
-    device = str(inputs["devices"] / NAMED[role]) if named else "/dev/zero"
+    named = inputs["devices"] / NAMED[role]
+    device = {"dev-zero": Path("/dev/zero"), "named-link": named,
+              "fifo": named.with_name("fifo" + named.suffix)}[kind]
     out = tmp_path / OUTPUT[command] if command in OUTPUT else None
     before = tree(inputs["dir"])
-    with bounded():
-        code, _, stderr = run(*line(command, inputs, out, **{role: device}))
+    with bounded(fifo=device if kind == "fifo" else None):
+        code, _, stderr = run(*line(command, inputs, out, **{role: str(device)}))
     assert code == 2 and one_error_line(stderr), (code, stderr)
-    assert device in stderr or "/dev/zero" in stderr, stderr
+    assert str(device) in stderr or "/dev/zero" in stderr, stderr
     assert "MemoryError" not in stderr, "read until memory ran out (here bounded; on a real machine all of it)"
     assert left(tmp_path) == [] and tree(inputs["dir"]) == before
 
