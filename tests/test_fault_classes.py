@@ -291,20 +291,34 @@ class Place:
     inject: Callable[[pytest.MonkeyPatch], None] | None = None  # the stand-in, where it is injected
 
 
+#: how a disk is full: not a byte left, no inode left (files cannot even be made, as
+#: ext4 refuses a mkdir), or 8 KiB left (a small output fits, a larger one stops half-way)
+FILLS = ["no-byte", "no-inode", "8k-left"]
+
+
 @pytest.fixture
-def full_disk(tmp_path: Path) -> Iterator[Place]:
-    """A real full file system: a 64 KiB tmpfs with one file that took every byte."""
+def full_disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    """A real full file system: a 64 KiB tmpfs filled as ``request.param`` says
+    (:data:`FILLS`; no byte left by default)."""
+    fill = getattr(request, "param", "no-byte")
     mnt = tmp_path / "full"
     mnt.mkdir()
-    why = _mount(mnt)
+    why = _mount(mnt, *(["nr_inodes=8"] if fill == "no-inode" else []))
     if why is not None:
         yield Place(mnt, f"no tmpfs could be mounted ({why})")
         return
     try:
-        with contextlib.suppress(OSError), open(mnt / "fill", "wb") as f:
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
+        if fill == "no-inode":
+            with contextlib.suppress(OSError):
+                for i in range(1000):
+                    (mnt / f"inode{i}").touch()
+        else:
+            with contextlib.suppress(OSError), open(mnt / "fill", "wb") as f:
+                while True:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+            if fill == "8k-left":
+                os.truncate(mnt / "fill", (mnt / "fill").stat().st_size - 8192)
         yield Place(mnt)
     finally:
         _umount(mnt)
@@ -342,11 +356,11 @@ def read_only(tmp_path: Path) -> Iterator[Place]:
         mnt.chmod(0o755)
 
 
+@pytest.mark.parametrize("full_disk", FILLS, indirect=True)
 @pytest.mark.parametrize("command", WRITERS)
 def test_a_full_disk_gives_one_line_and_leaves_nothing(
         inputs: dict[str, Path], full_disk: Place, controls: Callable[[str], list[str] | None],
         monkeypatch: pytest.MonkeyPatch, command: str) -> None:
-    controls(command)
     out = full_disk.folder / "new" / OUTPUT[command]
     before, there = tree(inputs["dir"]), left(full_disk.folder)
     if full_disk.fallback:
@@ -354,6 +368,9 @@ def test_a_full_disk_gives_one_line_and_leaves_nothing(
                       stacklevel=1)
         _inject(monkeypatch, INJECT_AS[command], _enospc)
     code, _, stderr = run(*line(command, inputs, out))
+    if code == 0 and not full_disk.fallback:  # it fitted in what was left: whole, and nothing else
+        assert complete(command, out, controls(command)) and not debris(full_disk.folder), left(full_disk.folder)
+        return
     assert code == 2 and one_error_line(stderr), (code, stderr)
     assert "No space left on device" in stderr and str(out.parent) in stderr, stderr
     # universe may keep its resumable work folder (README), never a staging folder in it
