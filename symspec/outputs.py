@@ -173,7 +173,8 @@ def _check_writable(path: Path) -> None:
     if not os.path.isdir(probe):
         raise SymspecInputError(f"cannot write {path}: {probe} is not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise SymspecInputError(f"cannot write {path}: {probe} is not writable (Permission denied)")
+        reason = os.strerror(errno.EROFS if _read_only(probe) else errno.EACCES)
+        raise SymspecInputError(f"cannot write {path}: {probe} is not writable ({reason})")
     limit = _name_max(probe)
     if any(len(os.fsencode(name)) > limit for name in missing):
         raise SymspecInputError(f"cannot write {path}: {os.strerror(errno.ENAMETOOLONG)}")
@@ -183,6 +184,14 @@ def _check_writable(path: Path) -> None:
     if longest >= _path_max(probe):
         raise SymspecInputError(f"cannot write {path}: {os.strerror(errno.ENAMETOOLONG)} (the whole path is longer "
                                 f"than the system allows, {_path_max(probe)} bytes); write it under a shorter path")
+
+
+def _read_only(folder: Path) -> bool:
+    """Whether ``folder`` lies on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
 
 
 def stale_staging(folder: str | Path) -> list[str]:
