@@ -36,6 +36,7 @@ import importlib.util
 import inspect
 import json
 import os
+import stat
 import sys
 import threading
 import traceback
@@ -513,6 +514,17 @@ def _aligned_experts(model: torch.nn.Module) -> None:
             return
 
 
+def _refuse_special(p: Path) -> None:
+    """A model path that is a FIFO or a device is refused before anything opens it:
+    ``torch.load`` of a FIFO waits for a writer forever, of ``/dev/zero`` until memory
+    runs out."""
+    mode = p.stat().st_mode
+    if not stat.S_ISREG(mode):
+        kind = "a pipe (FIFO)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
+            else "not a regular file"
+        raise ModelLoadError(f"{p}: is {kind}, not a model file or checkpoint (a regular file)")
+
+
 def load_model(path: str | Path, *, factory: str | Path | None = None) -> LoadedModel:
     """Load a model from a model file, a Hugging Face folder or a checkpoint (+ factory)."""
     p = Path(path)
@@ -522,6 +534,7 @@ def load_model(path: str | Path, *, factory: str | Path | None = None) -> Loaded
         if (p / "config.json").exists():
             return LoadedModel(_load_hf(p), p, "hf")
         raise ModelLoadError(f"{path}: a folder without config.json is not a Hugging Face model")
+    _refuse_special(p)
     if p.suffix.lower() == ".gguf":
         from .gguf import load_gguf
 

@@ -147,13 +147,15 @@ def test_a_model_file_a_config_or_a_model_list_that_is_not_a_file_is_one_line(tm
         (["check", folder, "--samples", "1"], "config.json: is "),
         (["universe", f"@{_not_a_file(kind, tmp_path / 'list.txt')}", "--model", good, "--out", tmp_path / "u"],
          "list.txt: is "),
+        (["match", good, _not_a_file(kind, tmp_path / "b.pt"), "--model", good, "--out", tmp_path / "o"], "b.pt: is "),
+        (["check", _not_a_file(kind, tmp_path / "m.gguf")], "m.gguf: is "),
     ]
     _not_a_file(kind, folder / "config.json")
     for args, says in cases:
         code, out, err = run(*args)
         assert code == 2 and len(err.splitlines()) == 1 and says in err and "regular file" in err, err
         assert "Traceback" not in err + out
-    assert not (tmp_path / "u").exists()
+    assert not (tmp_path / "u").exists() and not (tmp_path / "o").exists()
     # the control: regular files in the same places are read
     (tmp_path / "m.py").unlink()
     (tmp_path / "m.py").write_text(good.read_text())
