@@ -7,8 +7,9 @@ Each command that reads or writes a user path meets, one test id per cell:
   that nobody writes, named so): refused with one line, never read forever nor until
   memory runs out (each such cell runs in-process under a memory limit and an alarm,
   so a bug fails the cell instead of the machine);
-- a real full disk (a 64 KiB tmpfs filled to the last byte): one line, exit 2, and
-  nothing left behind, not even the folders made for the output;
+- a real full disk (a 64 KiB tmpfs with no byte left, with no inode left, or with 8 KiB
+  left): one line, exit 2, and nothing left behind, not even the folders made for the
+  output (or, where the output fitted, exit 0 and the whole output);
 - a real read-only file system (the tmpfs remounted read-only);
 - an overlong path: a name over the file system's 255 bytes, and a whole path over
   PATH_MAX (4096 bytes);
@@ -16,9 +17,10 @@ Each command that reads or writes a user path meets, one test id per cell:
   start: imports, loading, the work, the publishing): exit 130 and ``interrupted``, or
   a normal exit 0; never a traceback, a staging folder or a half output; inputs unchanged.
 
-Mounting needs root (or a user namespace); where it is not permitted the full disk falls
-back to the injected faults of tests/test_outputs.py and the read-only folder to
-``chmod`` (which root ignores: then that cell is skipped), each saying so. Every command
+Mounting needs root (or a user namespace); where it is not permitted (or
+``SYMSPEC_TEST_NO_MOUNT=1``) the full disk falls back to the injected faults of
+tests/test_outputs.py and the read-only folder to ``chmod`` (root, whom chmod does not
+stop: to ``os.access`` saying no), each saying so in a warning. Every command
 also runs once on good inputs (the positive control): exit 0 and a complete output, so a
 cell cannot pass because the command fails for another reason. Corrupt resume state of
 ``universe`` is tests/test_universe_faults.py's class."""
@@ -51,8 +53,6 @@ from tests.test_outputs import _enospc, _inject, tree
 
 # ---------------------------------------------------------------- the commands
 
-FAST = ["--points", 2, "--max-samples", 4, "--batch-size", 4]
-
 #: command -> its line; {out} is its output, {models} A and B (or @list), the rest inputs
 COMMANDS: dict[str, str] = {
     "check": "check {model} --spec {spec} --samples 1 --dtype float32",
@@ -72,7 +72,6 @@ COMMANDS: dict[str, str] = {
 OUTPUT = {"infer": "out.yaml", "schema": "out.json", "match": "out", "match-learned": "out", "merge": "out",
           "barrier-report": "out.json", "barrier-plot": "out.png", "universe": "out"}
 WRITERS = list(OUTPUT)
-#: the commands that only read user paths: an overlong one is an input
 #: (command, input) for an overlong input path
 LONG_INPUTS = [("check", "spec"), ("check", "model"), ("validate", "spec"), ("infer", "model"), ("match", "a"),
                ("match", "model"), ("match-learned", "text"), ("barrier-report", "text"), ("universe", "list")]
@@ -333,7 +332,7 @@ def full_disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]
 @pytest.fixture
 def read_only(tmp_path: Path) -> Iterator[Place]:
     """A real read-only file system (a tmpfs remounted ``ro``); without mount, a folder
-    without write permission (which root ignores: skipped then)."""
+    without write permission (which root ignores: for root, ``os.access`` says no)."""
     mnt = tmp_path / "ro"
     mnt.mkdir()
     why = _mount(mnt)
