@@ -7,13 +7,15 @@ import subprocess
 import sys
 
 import jsonschema
+import pytest
 import torch
 
 import symspec
 from symspec.binding import bind
-from symspec.canonical import STEPS, CanonOp
+from symspec.canonical import STEPS, CanonOp, Untie, register
 from symspec.checker import canonicalize_inplace, copy_as
 from symspec.spec.schema import json_schema
+from symspec.spec.steps import STEP_KINDS
 from symspec.transforms import canonicalize_model, canonicalize_state_dict
 from symspec.transforms.canonical import canonicalize_structure
 from tests.zoo import ZOO
@@ -22,9 +24,36 @@ from tests.zoo import ZOO
 def test_each_step_kind_describes_itself_in_the_schema() -> None:
     assert list(STEPS) == ["untie", "fold_norm", "center"]
     items = json_schema()["properties"]["canonicalize"]["items"]["oneOf"]
-    assert items == [step.json_schema() for step in STEPS.values()]
-    jsonschema.validate({"untie": "lm_head.weight"}, STEPS["untie"].json_schema())  # the shorthand
-    jsonschema.validate({"center": {"writers": {"wte.weight": 1}}}, STEPS["center"].json_schema())
+    assert items == [step.syntax.json_schema() for step in STEPS.values()]
+    jsonschema.validate({"untie": "lm_head.weight"}, STEPS["untie"].syntax.json_schema())  # the shorthand
+    jsonschema.validate({"center": {"writers": {"wte.weight": 1}}}, STEPS["center"].syntax.json_schema())
+
+
+def test_every_declared_step_kind_has_one_implementation() -> None:
+    """The spec language declares the kinds' syntax; canonical implements each, and only those."""
+    assert list(STEP_KINDS) == list(STEPS)
+    assert all(impl.syntax is STEP_KINDS[kind] and impl.kind == kind for kind, impl in STEPS.items())
+
+
+def test_an_undeclared_step_kind_cannot_be_implemented() -> None:
+    class Squash(Untie):
+        kind = "squash"
+
+    with pytest.raises(ValueError, match="'squash' is not declared"):
+        register(Squash)
+    assert "squash" not in STEPS
+    register(Untie)  # a declared kind registers (again, in place)
+    assert list(STEPS) == ["untie", "fold_norm", "center"]
+
+
+def test_reading_a_spec_does_not_import_the_implementations() -> None:
+    code = ("import sys; from symspec.spec import load_spec; from symspec.spec.schema import json_schema; "
+            "load_spec('specs/gpt2.yaml'); json_schema(); print('symspec.canonical' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    out = subprocess.run([sys.executable, "-c", code.replace("load_spec('specs/gpt2.yaml'); ", "import symspec.canonical; ")],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"  # the positive control: the probe sees the package when it is imported
 
 
 def test_bound_ops_are_applied_by_their_kind() -> None:

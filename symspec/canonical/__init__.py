@@ -1,8 +1,9 @@
 """Canonicalisation steps: function-preserving rewrites that widen the usable group.
 
 One class per step kind (:data:`STEPS`, keyed by the name a spec writes under
-``canonicalize``): it validates the spec's YAML, describes itself in the JSON Schema,
-binds to a model's parameter names and shapes (one :class:`CanonOp` per match), and
+``canonicalize``; the kind's syntax is declared by the spec language,
+:data:`symspec.spec.steps.STEP_KINDS`, which validates the YAML and writes the JSON Schema):
+it binds to a model's parameter names and shapes (one :class:`CanonOp` per match), and
 applies to a state dict and, where the structure changes (untie), to a module. Spec
 loading, binding, the transforms and the checker all go through these classes.
 

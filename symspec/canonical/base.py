@@ -1,8 +1,9 @@
 """The canonicalisation step protocol, the records of bound steps, and the registry.
 
-A step kind is one :class:`CanonStep` subclass, registered in :data:`STEPS` under its
-name. It declares its arguments once; from them it validates a spec's YAML and describes
-itself in the JSON Schema. It binds a spec's step to a model's parameter names and shapes
+A step kind's syntax (its name and arguments, from which a spec's YAML is validated and
+the JSON Schema written) is declared by the spec language (:mod:`symspec.spec.steps`); its
+implementation is one :class:`CanonStep` subclass, registered in :data:`STEPS` under the
+same name. It binds a spec's step to a model's parameter names and shapes
 (one :class:`CanonOp` per match), applies an op to a state dict, and, where the step
 changes a model's structure, to the module itself.
 """
@@ -16,13 +17,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import torch
 
-from ..errors import Diagnostic, Location, SymspecInputError, suggest
+from ..errors import Diagnostic, Location, SymspecInputError
+from ..spec.steps import STEP_KINDS, StepSyntax
 from ..spec.templates import example_name, matches
-from .args import Arg, TemplateCheck
 
 if TYPE_CHECKING:
     from ..spec.model import StepDecl
-    from ..spec.yamlsrc import KeyPath, Source
 
 
 class CanonicalizationError(SymspecInputError):
@@ -94,62 +94,18 @@ class BindContext:
 
 
 class CanonStep(ABC):
-    """One kind of canonicalisation step (see the module's docstring)."""
+    """The implementation of one step kind (see the module's docstring); its syntax (doc,
+    arguments) is the spec language's declaration of the same name."""
 
     kind: ClassVar[str]
-    doc: ClassVar[str]
-    args: ClassVar[tuple[Arg, ...]]
-    #: the argument a scalar shorthand (``- untie: lm_head.weight``) fills
-    shorthand: ClassVar[str | None] = None
     #: False for a step that only changes where values live (untie): on a module,
     #: :meth:`apply_module` is all of it
     rewrites_values: ClassVar[bool] = True
 
-    def arg(self, name: str) -> Arg | None:
-        return next((a for a in self.args if a.name == name), None)
-
-    # -- the spec ---------------------------------------------------------------------------
-    def validate(self, src: Source, path: KeyPath, body: Any, template_check: TemplateCheck) -> dict[str, Any] | None:
-        """The step's arguments from its YAML ``body`` (defaults filled in), recording
-        errors on ``src``; None when the body is not even a mapping."""
-        if not isinstance(body, dict):
-            if self.shorthand is None:
-                src.error(path, f"{self.kind} takes a mapping of arguments: {', '.join(a.name for a in self.args)}")
-                return None
-            body = {self.shorthand: body}
-        out: dict[str, Any] = {}
-        for key in body:
-            if self.arg(str(key)) is None:
-                src.error((*path, key), f"{self.kind} has no argument '{key}'", suggest(str(key), [a.name for a in self.args]), at_key=True)
-        for a in self.args:
-            if a.name not in body:
-                if a.required:
-                    src.error(path, f"{self.kind} needs '{a.name}' ({a.doc})")
-                elif a.default is not None:
-                    out[a.name] = a.default
-                continue
-            value = a.read(src, (*path, a.name), body[a.name], template_check)
-            if value is not None:
-                out[a.name] = value
-        self.check(src, path, out)
-        return out
-
-    def check(self, src: Source, path: KeyPath, args: dict[str, Any]) -> None:
-        """Checks across arguments, after each is read (none by default)."""
-        return None
-
-    def json_schema(self) -> dict[str, Any]:
-        """The JSON Schema of one ``canonicalize`` entry of this kind."""
-        body: dict[str, Any] = {
-            "type": "object",
-            "description": self.doc,
-            "properties": {a.name: a.json() for a in self.args},
-            "required": [a.name for a in self.args if a.required],
-            "additionalProperties": False,
-        }
-        if self.shorthand:
-            body = {"oneOf": [{"type": "string", "description": f"shorthand for {{{self.shorthand}: ...}}"}, body]}
-        return {"type": "object", "properties": {self.kind: body}, "required": [self.kind], "additionalProperties": False}
+    @property
+    def syntax(self) -> StepSyntax:
+        """How a spec writes this kind (:data:`symspec.spec.steps.STEP_KINDS`)."""
+        return STEP_KINDS[self.kind]
 
     # -- binding ----------------------------------------------------------------------------
     @abstractmethod
@@ -204,6 +160,9 @@ STEPS: dict[str, CanonStep] = {}
 
 
 def register(cls: type[CanonStep]) -> type[CanonStep]:
-    """Make a step kind available to specs under its ``kind`` (usable as a class decorator)."""
+    """Implement the step kind the spec language declares under ``cls.kind`` (usable as a
+    class decorator; declare its syntax first with :func:`symspec.spec.steps.declare`)."""
+    if cls.kind not in STEP_KINDS:
+        raise ValueError(f"canonical step '{cls.kind}' is not declared in symspec.spec.steps.STEP_KINDS")
     STEPS[cls.kind] = cls()
     return cls

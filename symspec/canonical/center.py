@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, ClassVar
 import attrs
 import torch
 
-from .args import WritersArg
 from .base import BindContext, CanonOp, CanonStep
 
 if TYPE_CHECKING:
@@ -18,13 +17,6 @@ class Center(CanonStep):
     """``- center: {writers: {NAME: AXIS}}``: each writer loses its mean along its residual axis."""
 
     kind: ClassVar[str] = "center"
-    doc: ClassVar[str] = (
-        "Mean-centre the writers of a pre-LN residual stream along their residual axis. "
-        "Pre-LN readers subtract the mean anyway, so the all-ones component carries no "
-        "function; removing it makes independently trained models comparable there. "
-        "The residual then lives in the zero-mean subspace."
-    )
-    args = (WritersArg("writers", True, doc="parameter -> its residual axis"),)
 
     def bind(self, step: StepDecl, index: int, ctx: BindContext) -> list[CanonOp]:
         writers = []

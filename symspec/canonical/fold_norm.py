@@ -9,13 +9,11 @@ import attrs
 import torch
 
 from ..errors import Location
-from ..spec.templates import captures_of, fill
-from .args import BoolArg, NumberArg, ReadersArg, TemplateArg
+from ..spec.templates import fill
 from .base import BindContext, CanonicalizationError, CanonOp, CanonStep
 
 if TYPE_CHECKING:
     from ..spec.model import StepDecl
-    from ..spec.yamlsrc import KeyPath, Source
 
 
 def _along(v: torch.Tensor, axis: int, ndim: int) -> torch.Tensor:
@@ -28,30 +26,6 @@ class FoldNorm(CanonStep):
     """``- fold_norm: {gain, bias, into: [...]}``: a norm's gain and bias move into its readers."""
 
     kind: ClassVar[str] = "fold_norm"
-    doc: ClassVar[str] = (
-        "Fold a LayerNorm/RMSNorm gain (and bias) into the weights that read the norm's "
-        "output; the norm's gain becomes 1 (and its bias 0). A norm that scales by "
-        "(gain_offset + weight), such as Gemma's RMSNorm (1 + weight), folds that factor "
-        "and its weight becomes 1 - gain_offset (0 for Gemma)."
-    )
-    args = (
-        TemplateArg("gain", True, doc="the norm's weight"),
-        NumberArg("gain_offset", False,
-                  doc="the norm multiplies by (gain_offset + weight); default 0 (1 for Gemma's RMSNorm, x * (1 + w))"),
-        TemplateArg("bias", False, doc="the norm's bias, if it has one"),
-        BoolArg("fold_bias", False, True, doc="fold the bias into the readers' biases (else keep it)"),
-        ReadersArg("into", True, doc="the readers: weight, input axis, bias"),
-    )
-
-    def check(self, src: Source, path: KeyPath, args: dict[str, Any]) -> None:
-        """Every other name is filled from the gain's captures."""
-        if "gain" not in args:
-            return
-        primary = set(captures_of(args["gain"]))
-        others = [args.get("bias")] + [r.get(k) for r in args.get("into", []) for k in ("weight", "bias")]
-        for t in others:
-            if t and not set(captures_of(t)) <= primary:
-                src.error(path, f"'{t}' uses captures that the gain '{args['gain']}' does not have")
 
     # -- binding ----------------------------------------------------------------------------
     def bind(self, step: StepDecl, index: int, ctx: BindContext) -> list[CanonOp]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from ..spec.templates import matches
-from .args import TemplateArg
+from ..statedict import storage_key
 from .base import BindContext, CanonOp, CanonStep
 
 if TYPE_CHECKING:
@@ -35,13 +35,6 @@ class Untie(CanonStep):
     """``- untie: NAME``: the tied parameter gets its own copy."""
 
     kind: ClassVar[str] = "untie"
-    doc: ClassVar[str] = (
-        "Give a tied parameter its own storage (an explicit, declared untie; the model "
-        "keeps its class and its function). Needed before folding a norm into a tied "
-        "unembedding."
-    )
-    args = (TemplateArg("param", True, doc="the parameter to untie from its twin"),)
-    shorthand: ClassVar[str | None] = "param"
     rewrites_values: ClassVar[bool] = False
 
     def bind(self, step: StepDecl, index: int, ctx: BindContext) -> list[CanonOp]:
@@ -70,8 +63,6 @@ class Untie(CanonStep):
         untie_module(module, op.args["param"])
 
     def undo(self, op: CanonOp, sd: dict[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> str | None:
-        from ..statedict import storage_key
-
         name = op.args["param"]
         ref = reference.get(name)
         twins = [] if ref is None else [k for k, v in reference.items()

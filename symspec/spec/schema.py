@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..canonical import STEPS
 from ..groups import REGISTRY
 from .load import FORMAT_VERSION
+from .steps import STEP_KINDS
 
 AXIS_DOC = (
     "An axis expression: 'resid' (covariant), 'resid*' (contravariant: an input axis or the dual "
@@ -86,7 +86,7 @@ def json_schema() -> dict[str, Any]:
             },
             "canonicalize": {
                 "type": "array",
-                "items": {"oneOf": [s.json_schema() for s in STEPS.values()]},
+                "items": {"oneOf": [s.json_schema() for s in STEP_KINDS.values()]},
             },
         },
     }

@@ -1,5 +1,6 @@
-"""The arguments a canonicalisation step declares: each kind of argument reads its YAML
-value (recording located errors) and describes itself in the JSON Schema."""
+"""The arguments a canonicalisation step kind declares (:mod:`symspec.spec.steps`): each kind
+of argument reads its YAML value (recording located errors) and describes itself in the JSON
+Schema."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import attrs
 
 from ..errors import suggest
-from ..spec.yamlsrc import KeyPath, Source
+from .yamlsrc import KeyPath, Source
 
 #: checks a parameter name template where it appears (see :func:`symspec.spec.load.check_template`)
 TemplateCheck = Callable[[str, KeyPath], None]
