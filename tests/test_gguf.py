@@ -136,7 +136,7 @@ def test_the_config_matches_the_hugging_face_original(pair: dict[str, Any]) -> N
 
 
 def test_the_python_api_dequantises_to_the_dtype_asked_for(pair: dict[str, Any]) -> None:
-    from symspec.gguf import load_gguf
+    from symspec.loading.gguf import load_gguf
 
     loaded = load_gguf(pair["a_path"], dtype=torch.float64)
     assert {v.dtype for v in loaded.model.state_dict().values()} == {torch.float64}

@@ -15,7 +15,7 @@ To convert a GGUF file into a Hugging Face folder once (for other tools too)::
 
     from symspec.loading import load_model, save_model
 
-    loaded = load_model("model.gguf")  # or symspec.gguf.load_gguf(path, dtype=torch.bfloat16)
+    loaded = load_model("model.gguf")  # or symspec.loading.gguf.load_gguf(path, dtype=torch.bfloat16)
     save_model(loaded, loaded.model.state_dict(), "model-hf")  # config.json + model.safetensors
 
 Needs the ``gguf`` extra: ``pip install 'symspec[gguf]'`` (transformers, gguf and
@@ -30,14 +30,14 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 import torch
 
-from .errors import ModelLoadError
-
-if TYPE_CHECKING:
-    from .loading import LoadedModel
+from ..errors import ModelLoadError
+from .base import LoadedModel
+from .usercode import describe_failure
 
 INSTALL = "pip install 'symspec[gguf]'"
 
@@ -53,7 +53,7 @@ def _require(path: Path) -> Any:
             missing.append(module)
     if missing:
         raise ModelLoadError(f"{path}: reading a GGUF file needs {', '.join(missing)}: {INSTALL}")
-    import gguf
+    import gguf  # optional: the gguf extra
 
     return gguf
 
@@ -92,7 +92,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _supported() -> list[str]:
-    try:
+    try:  # optional: the gguf extra
         from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
     except ImportError:
         return []
@@ -100,7 +100,7 @@ def _supported() -> list[str]:
 
 
 def _unsupported(p: Path, arch: str) -> ModelLoadError:
-    import transformers
+    import transformers  # optional: the gguf extra
 
     known = _supported()
     listed = f" (it reads {', '.join(known)})" if known else ""
@@ -113,7 +113,7 @@ def _model_class(config: Any) -> Any:
     """The transformers class for a config rebuilt from GGUF metadata: the one it names
     (``architectures``), else the causal LM for its model type (llama.cpp's models are
     language models), else a sequence-to-sequence LM (T5), else the bare model."""
-    import transformers
+    import transformers  # optional: the gguf extra
 
     for name in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, name, None) if isinstance(name, str) and name.isidentifier() else None
@@ -131,8 +131,8 @@ def _model_class(config: Any) -> Any:
 def _quiet_progress() -> Iterator[None]:
     """transformers draws progress bars on stderr while it dequantises (a plain tqdm) and
     loads the weights; a command's stderr is for errors and notes."""
-    from transformers import modeling_gguf_pytorch_utils as utils
-    from transformers.utils import logging
+    from transformers import modeling_gguf_pytorch_utils as utils  # optional: the gguf extra
+    from transformers.utils import logging  # optional: the gguf extra
 
     bar = getattr(utils, "tqdm", None)
     shown = logging.is_progress_bar_enabled()
@@ -154,8 +154,6 @@ def _decimal(value: Any) -> Any:
     the config matches the Hugging Face original's (a model merged with its GGUF copy
     would be warned about "different configs"); other values as they are. Floats that are
     not float32 numbers (a Python default such as 0.02) are left alone."""
-    import numpy as np
-
     if isinstance(value, dict):
         return {k: _decimal(v) for k, v in value.items()}
     if isinstance(value, float) and np.isfinite(value) and float(np.float32(value)) == value:
@@ -193,14 +191,12 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Loaded
     ``gguf`` extra missing (how to install it), a file that is not a complete GGUF file,
     an architecture transformers does not read (named).
     """
-    from .loading import LoadedModel, describe_failure
-
     p = Path(path)
     if not p.is_file():
         raise ModelLoadError(f"{path}: no such file")
     arch, types = read_header(p)
-    import transformers
-    from packaging.version import Version
+    import transformers  # optional: the gguf extra
+    from packaging.version import Version  # optional: comes with transformers
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     folder, name = str(p.resolve().parent), p.name
