@@ -237,3 +237,73 @@ def test_spec_group_text_evaluates_to_the_literal_group() -> None:
     assert g == parse("Heads(4, qk=RoPE(4, rot=2), ov=GL(4), kv=2)") and g.rep_paths() == e.rep_paths()
     with pytest.raises(GroupError, match="Heads: heads must be an integer, got 'H'"):  # literals only
         parse("Heads(H, GL(2))")
+
+
+# -- groups test themselves: testing_elements() and symspec.testing.check_group ------------------------
+
+#: groups of every registered kind, the smallest sizes and odd ones included (a new kind adds its own)
+KIND_EXAMPLES: dict[str, list[str]] = {
+    "S": ["S(1)", "S(2)", "S(5)"],
+    "SP": ["SP(1)", "SP(4)"],
+    "Id": ["Id(1)", "Id(3)"],
+    "Sign": ["Sign(1)", "Sign(4)"],
+    "O": ["O(1)", "O(2)", "O(5)"],
+    "OC": ["OC(1)", "OC(2)", "OC(5)"],
+    "GL": ["GL(1)", "GL(4)"],
+    "D": ["D(1)", "D(3)"],
+    "Dpos": ["Dpos(1)", "Dpos(3)"],
+    "RoPE": ["RoPE(2)", "RoPE(6)", "RoPE(8, rot=4)", "RoPE(4, rot=0)", "RoPE(6, layout=interleaved)"],
+    "Heads": ["Heads(1, GL(2))", "Heads(3, S(2))", "Heads(4, qk=RoPE(4), ov=GL(4), kv=2)", "Heads(2, qk=O(3), ov=OC(3))",
+              "Heads(6, D(2), kv=3)"],
+    "Experts": ["Experts(1, S(3))", "Experts(3, GL(2))", "Experts(2, Dpos(2))"],
+}
+
+
+def test_every_registered_kind_has_check_group_examples() -> None:
+    assert set(KIND_EXAMPLES) == set(REGISTRY), "a new group kind adds its sizes to KIND_EXAMPLES"
+    for kind, texts in KIND_EXAMPLES.items():
+        assert all(parse(t).kind == kind for t in texts)
+
+
+@pytest.mark.parametrize("text", [t for texts in KIND_EXAMPLES.values() for t in texts])
+def test_every_kind_passes_check_group(text: str) -> None:
+    from symspec.testing import check_group
+
+    group = parse(text)
+    elements = group.testing_elements()
+    assert len(elements) >= 2 and group.equal(elements[0], group.identity())
+    assert all(group.equal(a, b) for a, b in zip(elements, group.testing_elements()))  # deterministic
+    check_group(group)
+
+
+def test_check_group_passes_a_correct_toy_kind() -> None:
+    """The positive control for the broken variants below: the same toy kind, unbroken."""
+    from symspec.testing import check_group
+
+    from .toy_kinds import Cyc, registered
+
+    with registered(Cyc):
+        for n in (1, 2, 5):
+            check_group(Cyc(n))
+
+
+@pytest.mark.parametrize("name", ["WrongInverse", "WrongAction", "NotAssociative", "UnseededSample", "AcceptsZero"])
+def test_check_group_names_the_law_a_broken_group_breaks(name: str) -> None:
+    from symspec.testing import check_group
+
+    from . import toy_kinds
+
+    cls = getattr(toy_kinds, name)
+    expected = f"Cyc\\(5\\) is not a valid group:\\n(.|\\n)*{toy_kinds.BROKEN[cls]}"
+    with toy_kinds.registered(cls), pytest.raises(AssertionError, match=expected):
+        check_group(cls(5))
+
+
+def test_check_group_needs_a_parsable_text_form() -> None:
+    """An unregistered kind cannot round-trip through its text: check_group says so."""
+    from symspec.testing import check_group
+
+    from .toy_kinds import Cyc
+
+    with pytest.raises(AssertionError, match="text form: parse\\('Cyc\\(3\\)'\\) fails: unknown group 'Cyc'"):
+        check_group(Cyc(3))

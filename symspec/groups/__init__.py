@@ -24,6 +24,7 @@ from .classic import GL, OC, SP, D, DiagonalGroup, Dpos, Id, O, RoPE, S, centred
 from .experts import Experts
 from .heads import Heads
 from .semiperm import SemiPermutation
+from .tables import NoEntry, has_entry, kind_entry
 from .text import parse
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "Group",
     "Heads",
     "Id",
+    "NoEntry",
     "O",
     "Path",
     "RoPE",
@@ -48,6 +50,8 @@ __all__ = [
     "SemiPermutation",
     "Variance",
     "centred_basis",
+    "has_entry",
+    "kind_entry",
     "make_generator",
     "parse",
     "registry_summary",

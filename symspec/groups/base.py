@@ -214,6 +214,13 @@ class Group(ABC):
     def matrices(self, a: Element) -> list[torch.Tensor]:
         return [self.matrix(a, p) for p in self.rep_paths()]
 
+    def testing_elements(self) -> list[Element]:
+        """A few deterministic elements, the identity first, for :func:`symspec.testing.check_group`
+        and the tests (escnn's groups have the same). The default: the identity and three
+        seeded samples; a kind whose samples rarely give some element worth testing may
+        override it to add that element."""
+        return [self.identity(), *(self.sample(seed) for seed in (1, 2, 3))]
+
     # -- what matching needs to know of a kind -------------------------------------------
     def is_trivial(self) -> bool:
         """True for the trivial group (the identity only): matching does not search its
@@ -248,7 +255,7 @@ class Group(ABC):
         """How well vectors b fit vectors a under this group's best element, from their
         statistics ``C = sum a b^T`` [..., n, n] and ``G = sum b b^T`` (``gram``, called only
         where the value needs it); larger is better, per batch entry (in C's dtype). The head
-        assignment compares pairs of heads with it (:mod:`symspec.solvers.heads`), so a part
+        assignment compares pairs of heads with it (:mod:`symspec.solvers.kinds.heads`), so a part
         that is the same for every pairing may be left out.
 
         Orthogonal groups: ``||C||_*``, the value of the best orthogonal map (max tr(Q^T C);
