@@ -17,8 +17,7 @@ Imports are lazy, so ``import symspec.analyzers`` costs nothing until used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from symspec._lazy import lazy_exports
 
 _EXPORTS = {
     "load_data": "data",
@@ -51,13 +50,4 @@ _EXPORTS = {
     "plot_report": "plots",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'symspec.analyzers' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f"symspec.analyzers.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __all__ = lazy_exports(__name__, {name: f".{module}" for name, module in _EXPORTS.items()})

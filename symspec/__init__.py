@@ -14,8 +14,7 @@ stays fast:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -61,16 +60,5 @@ _SUBMODULES = ("groups", "spec", "testing", "transforms", "graph", "problem", "e
                "binding", "checker", "alignment", "match", "universe", "record", "solvers", "analyzers",
                "inference", "width")
 
-__all__ = [*sorted(_EXPORTS), "__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    target = _EXPORTS.get(name)
-    if target is None:
-        if name in _SUBMODULES:
-            return importlib.import_module(f"symspec.{name}")
-        raise AttributeError(f"module 'symspec' has no attribute '{name}'")
-    module, attr = target if isinstance(target, tuple) else (target, name)
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
+__getattr__, _names = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
+__all__ = [*_names, "__version__"]

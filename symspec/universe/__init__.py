@@ -24,28 +24,16 @@ for the CLI's help) does not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_exports
 
-_EXPORTS = {
-    "UniverseError": "errors", "WorkerError": "errors",
-    "UniverseEvent": "progress",
-    "expand_models": "inputs",
-    "ModelEntry": "result", "StateUniverse": "result", "UniverseResult": "result",
-    "transform_between": "result",
-    "match_universe": "api", "universe_match": "api", "universe_method": "api",
-    "SCHEMA_ID": "report", "build_report": "report", "report_schema": "report",
-    "output_name": "publish", "save_outputs": "publish",
-    "UniverseMatching": "method", "UniverseOptions": "method",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'symspec.universe' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f"symspec.universe.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __all__ = lazy_exports(__name__, {
+    "UniverseError": ".errors", "WorkerError": ".errors",
+    "UniverseEvent": ".progress",
+    "expand_models": ".inputs",
+    "ModelEntry": ".result", "StateUniverse": ".result", "UniverseResult": ".result",
+    "transform_between": ".result",
+    "match_universe": ".api", "universe_match": ".api", "universe_method": ".api",
+    "SCHEMA_ID": ".report", "build_report": ".report", "report_schema": ".report",
+    "output_name": ".publish", "save_outputs": ".publish",
+    "UniverseMatching": ".method", "UniverseOptions": ".method",
+})
