@@ -74,28 +74,28 @@ def test_lifts_keep_the_function_over_widths_and_seeds(heads: tuple[int, int], w
     assert check_lift(narrow, result.model, inputs, torch.float32) < 1e-4
 
 
-def test_a_lift_that_is_not_one_is_caught() -> None:
+def test_a_lift_that_is_not_one_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Drop the residual's rescaling: the norms no longer compute what they did, and the
     comparison says so (the check can fail)."""
-    import symspec.width.lifting as lift_module
+    from symspec.width.lifting import LIFTS
 
     narrow, inputs = ZOO["llama"](n_ff=12)
     wide, _ = ZOO["llama"](seed=1, n_head=8, n_kv=4, n_ff=16)
-    real = lift_module.plain_lift
 
-    def unscaled(name: str, nb: Any, na: Any, gen: Any, **kw: Any) -> Any:
-        out = real(name, nb, na, gen, **kw)
-        if out.kind == "stiefel":
-            c = out.detail["scale"]
-            out.write, out.read = out.write / c, out.read * c
-        return out
+    def unscaled(real: Any) -> Any:
+        def fn(name: str, nb: Any, na: Any, gen: Any, *, stiefel_map: Any = None) -> Any:
+            out = real(name, nb, na, gen, stiefel_map=stiefel_map)
+            if out.kind == "stiefel":
+                c = out.detail["scale"]
+                out.write, out.read = out.write / c, out.read * c
+            return out
 
-    lift_module.plain_lift = unscaled
-    try:
-        with pytest.raises(LiftError, match="does not compute what the narrow one does"):
-            lift(narrow, wide, load_spec("llama"), inputs=inputs)
-    finally:
-        lift_module.plain_lift = real
+        return fn
+
+    for kind in ("O", "OC", "GL"):
+        monkeypatch.setitem(LIFTS, kind, unscaled(LIFTS[kind]))
+    with pytest.raises(LiftError, match="does not compute what the narrow one does"):
+        lift(narrow, wide, load_spec("llama"), inputs=inputs)
 
 
 def test_what_cannot_be_lifted_is_refused() -> None:
@@ -213,7 +213,7 @@ def test_planted_recovery_across_widths_in_float32(case: str) -> None:
     rounding. Heads wider than B's have directions no data determine (B's rows span part
     of each of A's heads); with float32 statistics the per-head GL solve drifted into
     them and stopped at a relative distance of about 1 until the anchor took float32's
-    floor too (symspec/solvers/heads.py)."""
+    floor too (symspec/solvers/kinds/heads.py)."""
     from symspec.alignment import align
 
     family, narrow, wide, _ = _planted64(case, dtype=torch.float32)

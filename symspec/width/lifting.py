@@ -34,6 +34,7 @@ made constant take A's width with the same constant.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -43,9 +44,7 @@ import torch
 
 from ..binding import BoundSpec, bind
 from ..errors import SymspecInputError
-from ..groups import GL, OC, SP, Heads, O, S
-from ..groups.base import make_generator
-from ..groups.classic import D, Dpos, Id, RoPE, Sign, centred_basis
+from ..groups import Group, Heads, NoEntry, RoPE, centred_basis, kind_entry, make_generator
 from ..groups.semiperm import SemiPermutation
 from ..problem import ParamBinding
 from ..spec.model import Spec
@@ -98,42 +97,63 @@ def stiefel(n_wide: int, n_narrow: int, gen: torch.Generator, dtype: torch.dtype
     return q.to(dtype)
 
 
-def plain_lift(name: str, narrow: Any, wide: Any, gen: torch.Generator, *, stiefel_map: torch.Tensor | None = None,
-               semiperm: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> SpaceLift:
-    """The lift of one non-head space (see the module); ``stiefel_map`` or ``semiperm``
-    fix the map instead of drawing it (a fitted lift); ``scale`` (wide width): the
-    scaling a ``D``/``Dpos`` space applies after the unit lift beside it."""
+def _wider(name: str, narrow: Group, wide: Group) -> tuple[int, int]:
     nb, na = narrow.n, wide.n
-    if type(narrow) is not type(wide):
-        raise LiftError(f"{name}: the narrow model's group {narrow} and the wide model's {wide} are of different kinds")
     if na < nb:
         raise LiftError(f"{name}: the first model ({na}) is narrower than the second ({nb}); lift the narrower one into the wider")
-    if scale is not None:
-        s = scale.to(torch.float64)
-        if not isinstance(narrow, (D, Dpos)) or s.shape != (na,) or not bool(torch.isfinite(s).all()) or \
-                not bool((s > 0).all() if isinstance(narrow, Dpos) else (s != 0).all()):
-            raise LiftError(f"{name}: a scale of shape {tuple(s.shape)} is no element of {wide}")
-        return SpaceLift(name, "scale", nb, na, torch.diag(s), torch.diag(1 / s), {"scale": s})
-    if isinstance(narrow, (D, Dpos, Sign)):
+    return nb, na
+
+
+def _lift_units(name: str, narrow: Group, wide: Group, gen: torch.Generator, *,
+                semiperm: torch.Tensor | None = None) -> SpaceLift:
+    """S, SP: a semi-permutation T, copies on the writing side and shares on the reading side."""
+    nb, na = _wider(name, narrow, wide)
+    if na == nb and semiperm is None:
         return SpaceLift(name, "identity", nb, na)
-    if na == nb and stiefel_map is None and semiperm is None:
+    t = semiperm if semiperm is not None else SemiPermutation(na, nb).sample(gen)
+    return SpaceLift(name, "semiperm", nb, na, SemiPermutation.support(t), t)
+
+
+def _lift_stiefel(name: str, narrow: Group, wide: Group, gen: torch.Generator, *,
+                  stiefel_map: torch.Tensor | None = None) -> SpaceLift:
+    """O, GL: a semi-orthogonal map, rescaled by sqrt(n_A / n_B) for a normed (orthogonal) stream."""
+    nb, na = _wider(name, narrow, wide)
+    if na == nb and stiefel_map is None:
         return SpaceLift(name, "identity", nb, na)
-    if isinstance(narrow, (O, OC, GL)):
-        if isinstance(narrow, OC):
-            if stiefel_map is None:  # zero-mean into zero-mean, and the all-ones direction onto itself
-                v = stiefel(na - 1, nb - 1, gen)
-                ones = torch.ones(na, nb, dtype=torch.float64) / math.sqrt(na * nb)
-                stiefel_map = centred_basis(na) @ v @ centred_basis(nb).T + ones
-        elif stiefel_map is None:
-            stiefel_map = stiefel(na, nb, gen)
-        c = math.sqrt(na / nb) if isinstance(narrow, (O, OC)) else 1.0
-        return SpaceLift(name, "stiefel", nb, na, c * stiefel_map, stiefel_map / c, {"scale": c})
-    if isinstance(narrow, (S, SP)):
-        t = semiperm if semiperm is not None else SemiPermutation(na, nb).sample(gen)
-        return SpaceLift(name, "semiperm", nb, na, SemiPermutation.support(t), t)
-    if isinstance(narrow, Id) and na == nb:
+    u = stiefel_map if stiefel_map is not None else stiefel(na, nb, gen)
+    c = math.sqrt(na / nb) if narrow.is_orthogonal() else 1.0
+    return SpaceLift(name, "stiefel", nb, na, c * u, u / c, {"scale": c})
+
+
+def _lift_centred(name: str, narrow: Group, wide: Group, gen: torch.Generator, *,
+                  stiefel_map: torch.Tensor | None = None) -> SpaceLift:
+    """OC: as O, with a map that takes the zero-mean subspace into the zero-mean subspace
+    and the all-ones direction onto itself."""
+    nb, na = _wider(name, narrow, wide)
+    if stiefel_map is None and na != nb:
+        v = stiefel(na - 1, nb - 1, gen)
+        ones = torch.ones(na, nb, dtype=torch.float64) / math.sqrt(na * nb)
+        stiefel_map = centred_basis(na) @ v @ centred_basis(nb).T + ones
+    return _lift_stiefel(name, narrow, wide, gen, stiefel_map=stiefel_map)
+
+
+def _lift_scaling(name: str, narrow: Group, wide: Group, gen: torch.Generator, *,
+                  scale: torch.Tensor | None = None) -> SpaceLift:
+    """D, Dpos: the identity (the unit lift beside them carries the width), or a diagonal
+    map of the wide width after it (a fitted lift's scaled copies)."""
+    nb, na = _wider(name, narrow, wide)
+    if scale is None:
         return SpaceLift(name, "identity", nb, na)
-    raise LiftError(f"{name}: {narrow} -> {wide}: a space of this kind cannot change its width")
+    s = scale.to(torch.float64)
+    if s.shape != (na,) or not bool(torch.isfinite(s).all()) or not wide.contains(torch.diag(s), atol=0.0):
+        raise LiftError(f"{name}: a scale of shape {tuple(s.shape)} is no element of {wide}")
+    return SpaceLift(name, "scale", nb, na, torch.diag(s), torch.diag(1 / s), {"scale": s})
+
+
+def _lift_beside(name: str, narrow: Group, wide: Group, gen: torch.Generator) -> SpaceLift:
+    """Sign: the identity at any width (the unit lift beside it carries the width)."""
+    nb, na = _wider(name, narrow, wide)
+    return SpaceLift(name, "identity", nb, na)
 
 
 def heads_lift(name: str, narrow: Heads, wide: Heads, gen: torch.Generator, *, kv_semiperm: torch.Tensor | None = None,
@@ -177,6 +197,51 @@ def heads_lift(name: str, narrow: Heads, wide: Heads, gen: torch.Generator, *, k
         return torch.kron(heads.contiguous(), (v * scale).contiguous())
 
     return SpaceLift(name, "heads", narrow.n, wide.n, detail={"kv": t_kv, "parts": parts, "matrix": matrix})
+
+
+#: a space's lift: ``fn(space name, narrow group, wide group, generator, **fixed maps)``
+LiftFn = Callable[..., SpaceLift]
+
+#: group kind -> how a space of that kind changes its width (see the module); a kind whose
+#: width cannot change says why. Any space whose group is the same in both models lifts by
+#: the identity, whatever its kind.
+LIFTS: dict[str, LiftFn | NoEntry] = {
+    "S": _lift_units,
+    "SP": _lift_units,
+    "O": _lift_stiefel,
+    "OC": _lift_centred,
+    "GL": _lift_stiefel,
+    "D": _lift_scaling,
+    "Dpos": _lift_scaling,
+    "Sign": _lift_beside,
+    "Heads": heads_lift,
+    "Id": NoEntry("the trivial group has no map between two widths (units that may not be transformed cannot be "
+                  "copied either)"),
+    "RoPE": NoEntry("rotary dimensions keep their width: the commutant of the position rotations maps no width onto "
+                    "another"),
+    "Experts": NoEntry("experts keep their number and width: a copied expert changes which experts the router's "
+                       "top-k picks"),
+}
+
+
+def space_lift(name: str, narrow: Group, wide: Group, gen: torch.Generator,
+               fixed: Mapping[str, Any] | None = None) -> SpaceLift:
+    """The lift of one space from its group in the narrow model to its group in the wide
+    one, by its kind's entry in :data:`LIFTS`; ``fixed``: maps to use instead of drawn
+    ones, by the entry's keyword (``stiefel_map``, ``semiperm``, ``scale``; for heads
+    ``kv_semiperm``, ``within``)."""
+    fixed = dict(fixed or {})
+    if type(narrow) is not type(wide):
+        raise LiftError(f"{name}: the narrow model's group {narrow} and the wide model's {wide} are of different kinds")
+    entry = LIFTS.get(narrow.kind)
+    if narrow == wide and not fixed and not callable(entry):
+        return SpaceLift(name, "identity", narrow.n, wide.n)
+    fn = kind_entry(LIFTS, narrow, "lift", error=LiftError, prefix=f"{name}: {narrow} -> {wide}: ")
+    takes = inspect.signature(fn).parameters
+    extra = sorted(k for k in fixed if k not in takes or takes[k].kind is not inspect.Parameter.KEYWORD_ONLY)
+    if extra:
+        raise LiftError(f"{name}: the lift of {wide} takes no fixed {', '.join(extra)}")
+    return fn(name, narrow, wide, gen, **fixed)
 
 
 def _action(lift: SpaceLift) -> Action:
@@ -250,14 +315,7 @@ def lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, seed: in
     gen = make_generator(seed)
     lifts: dict[str, SpaceLift] = {}
     for name in pb.spaces:
-        gb, ga = pb.spaces[name].group, pa.spaces[name].group
-        kw = dict((fixed or {}).get(name, {}))
-        if isinstance(gb, Heads):
-            if not isinstance(ga, Heads):
-                raise LiftError(f"{name}: {gb} and {ga} are of different kinds")
-            lifts[name] = heads_lift(name, gb, ga, gen, **kw)
-        else:
-            lifts[name] = plain_lift(name, gb, ga, gen, **kw)
+        lifts[name] = space_lift(name, pb.spaces[name].group, pa.spaces[name].group, gen, (fixed or {}).get(name))
     actions = {name: _action(sl) for name, sl in lifts.items()}
     late = {name for name, sl in lifts.items() if sl.kind == "scale"}
     sd_b = canonical_f64(bb, narrow)
@@ -348,6 +406,6 @@ def check_lift(narrow: torch.nn.Module, lifted: torch.nn.Module, inputs: Any, dt
     return compare(ya, yb)[1]
 
 
-__all__ = ["LiftError", "LiftResult", "SpaceLift", "check_lift", "heads_lift", "lift", "lift_needed", "lift_tensor",
-           "plain_lift", "stiefel", "width_changes"]
+__all__ = ["LIFTS", "LiftError", "LiftResult", "SpaceLift", "check_lift", "heads_lift", "lift", "lift_needed",
+           "lift_tensor", "space_lift", "stiefel", "width_changes"]
 
