@@ -43,8 +43,8 @@ def scope_variables(result: Any, chosen: list[str]) -> tuple[Any, dict[str, Any]
     ``chosen`` in the searched groups, the parameters they touch, the result's point)."""
     import attrs
 
+    from symspec.certify import joint as cj
     from symspec.groups import parse
-    from symspec.solvers import certify_joint as cj
 
     problem = result.bound.problem
     spaces = {n: attrs.evolve(si, group=parse(result.searched[n])) if n in result.searched else si
@@ -64,7 +64,7 @@ def scope_variables(result: Any, chosen: list[str]) -> tuple[Any, dict[str, Any]
 def layer_models(seed: int, **size: Any) -> tuple[Any, Any, Any, torch.Tensor]:
     """(dense model or None, star model, variables, the result's point) of layer 0 with the residual."""
     from symspec.alignment import align
-    from symspec.solvers import certify_joint as cj
+    from symspec.certify import joint as cj
     from tests.zoo import ZOO
 
     a, _ = ZOO["nanogpt"](seed=seed, **size)
@@ -100,7 +100,7 @@ def decoupled(star: Any, variables: dict[str, Any]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from symspec.solvers import certify_joint as cj
+    from symspec.certify import joint as cj
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

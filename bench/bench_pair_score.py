@@ -1,5 +1,5 @@
 """The pair score of a permutation with a scaling before it (gated MLP units): one scale
-per pair (symspec.solvers.assignment.scaled_pair_score) against the per-side upper bound
+per pair (symspec.solvers.kinds.assignment.scaled_pair_score) against the per-side upper bound
 it replaced (C^2/G on each side), next to the assignment that reads it.
 
     python bench/bench_pair_score.py [--sizes 1024 3072 8192] [--repeat 3] [--seeds 0 1 2 3 4]
@@ -48,8 +48,8 @@ def measure(n: int, repeat: int) -> dict[str, float]:
     import torch
 
     from symspec.groups import D
-    from symspec.solvers.assignment import assign, scaled_pair_score
-    from symspec.solvers.base import StatTerm
+    from symspec.solvers.engine.base import StatTerm
+    from symspec.solvers.kinds.assignment import assign, scaled_pair_score
 
     gen = torch.Generator().manual_seed(n)
     c1, c2 = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
@@ -91,7 +91,12 @@ def per_side_score(terms, inner):  # type: ignore[no-untyped-def]
 def exactness(n: int) -> dict[str, float]:
     import torch
 
-    from symspec.solvers.smooth import _diag_value, _polish, _quartic_real_parts, best_scale_value
+    from symspec.solvers.kinds.smooth import (
+        _diag_value,
+        _polish,
+        _quartic_real_parts,
+        best_scale_value,
+    )
 
     gen = torch.Generator().manual_seed(n)
     c_co, c_ct = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
@@ -117,7 +122,7 @@ def exact_scale_value(coef, positive):  # type: ignore[no-untyped-def]
     """The true maximum over d (no abs terms): every real root of the quartic, polished."""
     import torch
 
-    from symspec.solvers.smooth import _diag_value, _polish, _quartic_real_parts
+    from symspec.solvers.kinds.smooth import _diag_value, _polish, _quartic_real_parts
 
     ref = next(v for v in coef.values() if isinstance(v, torch.Tensor))
     c = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in coef.items()}
@@ -137,8 +142,8 @@ def quality(seeds: list[int]) -> list[dict[str, float]]:
 
     sys.path.insert(0, str(ROOT))
     import symspec
-    import symspec.solvers.assignment as asg
-    import symspec.solvers.smooth as smooth
+    import symspec.solvers.kinds.assignment as asg
+    import symspec.solvers.kinds.smooth as smooth
     from tests.zoo import ZOO
 
     one_scale, value = asg.scaled_pair_score, smooth.best_scale_value

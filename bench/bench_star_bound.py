@@ -111,11 +111,11 @@ def star_bound(c_r: torch.Tensor, leaves: list[tuple[torch.Tensor, torch.Tensor]
 
 
 def layer_problem(result: Any, chosen: list[str], hub: str) -> tuple[Any, dict[str, Any], torch.Tensor, torch.Tensor, list[Any]]:
-    """The quadratic model of the layer's objective (symspec.solvers.certify_joint), the
+    """The quadratic model of the layer's objective (symspec.certify.joint), the
     variables, the result's point, and the star's hub term and leaves."""
     from bench_gram import scope_variables
 
-    from symspec.solvers import certify_joint as cj
+    from symspec.certify import joint as cj
 
     problem, elems, variables, params, x = scope_variables(result, chosen)
     model = cj.build_model(problem, result.canonical_a, result.canonical_b, elems, variables, params)
@@ -137,7 +137,7 @@ def layer_problem(result: Any, chosen: list[str], hub: str) -> tuple[Any, dict[s
 
 def main(argv: list[str] | None = None) -> int:
     from symspec.alignment import align
-    from symspec.solvers import certify_joint as cj
+    from symspec.certify import joint as cj
     from tests.zoo import ZOO
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     narrow = {r: trained.trained_models("gpt", [100 + s for s in args.seeds], args.data, recipe=recipe(r)) for r in ratios}
     if args.train_only:
         return 0
-    from symspec.alignment.learned import LearnedOptions
+    from symspec.learned.method import LearnedOptions
 
     rec = trained.RECIPES["gpt"]
     test = trained.split("gpt", args.data, rec, wide[0][0], "test", batch=512)

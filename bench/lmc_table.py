@@ -52,8 +52,7 @@ from symspec.alignment import (  # noqa: E402
     method_names,
     register_method,
 )
-from symspec.alignment.learned import LearnedMatching  # noqa: E402
-from symspec.alignment.methods import WeightMatching  # noqa: E402
+from symspec.alignment.builtin import WeightMatching  # noqa: E402
 from symspec.analyzers.barrier import (  # noqa: E402
     PairResult,
     mean_stderr,
@@ -62,6 +61,7 @@ from symspec.analyzers.barrier import (  # noqa: E402
     summarize,
 )
 from symspec.analyzers.plots import plot_results  # noqa: E402
+from symspec.learned.method import LearnedMatching  # noqa: E402
 from symspec.outputs import atomic_write_text  # noqa: E402
 from symspec.universe import universe_match  # noqa: E402
 

@@ -401,16 +401,16 @@ def config_warning(a: Any, b: Any, names: tuple[str, str], mixing: str) -> str |
 
 def learned_options(method: Any, flags: dict[str, tuple[str, Any]]) -> Any:
     """The learned-matching flags given (field of
-    :class:`~symspec.alignment.LearnedOptions` -> (flag, value or None)) as LearnedOptions,
+    :class:`~symspec.learned.LearnedOptions` -> (flag, value or None)) as LearnedOptions,
     with the method's own default permutations; None when none is given. Refused (one
     line, exit 2) for a method that is not learned matching, and for --steps with
     --epochs."""
     given = {field: (flag, value) for field, (flag, value) in flags.items() if value is not None}
     if not given:
         return None
-    from symspec.alignment import LearnedOptions
-    from symspec.alignment.learned import LearnedMatching
+    from symspec.learned import LearnedOptions
     from symspec.errors import SymspecInputError
+    from symspec.learned.method import LearnedMatching
 
     if not isinstance(method, LearnedMatching):
         names = ", ".join(flag for flag, _ in given.values())

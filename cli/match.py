@@ -28,7 +28,7 @@ from ._common import (
     stdout_console,
 )
 
-#: how a bound that needs cvxpy says so (symspec.solvers.certify_joint.NEEDS_CVXPY; the
+#: how a bound that needs cvxpy says so (symspec.certify.joint.NEEDS_CVXPY; the
 #: certificate's not_available lists those, printed in full instead of the joint reason)
 NEEDS_CVXPY_MARK = "needs cvxpy"
 #: timer phases measured inside the solve:<kind> phases

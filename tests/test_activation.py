@@ -27,7 +27,11 @@ import symspec
 from symspec.binding import bind
 from symspec.graph import SiteRecorder
 from symspec.problem import Factor, Site
-from symspec.solvers.activation_statistics import ActivationMoments, SiteMoments, activation_problem
+from symspec.solvers.engine.activation_statistics import (
+    ActivationMoments,
+    SiteMoments,
+    activation_problem,
+)
 from symspec.transforms import apply_elements, canonicalize_model, sample_elements, transform_tensor
 from tests.cli_files import model_file, run, write_words
 from tests.zoo import ZOO

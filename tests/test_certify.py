@@ -1,4 +1,4 @@
-"""Certificates: a lower bound on weight matching's global minimum (symspec.solvers.certify).
+"""Certificates: a lower bound on weight matching's global minimum (symspec.certify).
 
 On problems small enough to enumerate every group element: bound <= the brute-force
 optimum <= the solver's result; on planted pairs the gap is 0 to rounding; where a
@@ -253,8 +253,8 @@ def test_quadratic_space_relaxation_and_a_wrong_bound_caught() -> None:
     brute-force optimum (and not tight: a relaxation); the SDP is below it too. A
     naive per-space bound from weight matching's linearised terms (each incidence with
     the other one fixed) is not a bound: the brute force catches it."""
-    from symspec.solvers.base import SolveContext, objective, solver_for
-    from symspec.solvers.weight_statistics import WeightStatistics
+    from symspec.solvers.engine.base import SolveContext, objective, solver_for
+    from symspec.solvers.engine.weight_statistics import WeightStatistics
 
     spec = loads_spec(REC_SPEC, "rec.yaml")
     a, b = Rec(5, 0), Rec(5, 1)
@@ -319,7 +319,8 @@ def test_match_certify_without_cvxpy_says_what_it_could_not_bound(tmp_path: Any,
 #: SYMSPEC_TEST_HANG=1, never converge (only an interrupt ends them)
 SLOW_SCS = """
 import os, sys
-from symspec.solvers import certify_joint, convex
+from symspec.certify import joint as certify_joint
+from symspec.solvers import convex
 real = convex.solve
 def solve(prob, solver, **opts):
     if os.environ.get("SYMSPEC_TEST_HANG") and solver == "SCS":
@@ -406,7 +407,7 @@ def test_a_failed_scs_solve_is_retried_with_clarabel_only_where_it_fits(monkeypa
 def test_an_inaccurate_sdp_solve_still_gives_a_valid_bound(monkeypatch: Any) -> None:
     """The joint bound is certified by weak duality with the multipliers the solver
     returns: three SCS iterations give a loose bound, never a wrong one."""
-    import symspec.solvers.certify_joint as cj
+    import symspec.certify.joint as cj
 
     spec = loads_spec(REC_SPEC, "rec.yaml")
     result = align(Rec(5, 0), Rec(5, 1), spec)
@@ -458,7 +459,7 @@ def test_gl_heads_get_a_per_space_bound() -> None:
 def test_diagonal_scaling_bound_is_the_minimum_per_unit(seed: int, positive: bool) -> None:
     """D/Dpos per unit: the quartic's roots give the minimum of f(d) = -2 c d + g d^2 -
     2 c'/d + g'/d^2; a dense grid never goes below it and comes close to it."""
-    from symspec.solvers.certify_space import _unit_min
+    from symspec.certify.space import _unit_min
 
     gen = torch.Generator().manual_seed(seed)
     a, b, a2, b2 = (torch.randn(4, generator=gen, dtype=torch.float64) for _ in range(4))
@@ -576,7 +577,7 @@ def test_interacting_spaces_are_lifted_and_a_wrong_split_is_refused(monkeypatch:
     Past the limit (11 + 11 units: N = 242) the bound says so. Split wrongly into two
     exact problems (each counting fc2.weight), the model no longer reproduces the
     objective and the bound is refused, not reported."""
-    import symspec.solvers.certify_joint as cj
+    import symspec.certify.joint as cj
 
     spec = loads_spec(MLP_SPEC, "mlp.yaml")
     small = align(MLP(3, 3, 3, 0), MLP(3, 3, 3, 1), spec)

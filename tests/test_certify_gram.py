@@ -138,7 +138,7 @@ def test_rounding_the_relaxation_proves_a_result_suboptimal() -> None:
 def test_an_inaccurate_gram_solve_still_gives_a_valid_bound(monkeypatch: Any) -> None:
     """Certified by weak duality with the solver's multipliers: three SCS iterations give
     a looser bound, never one above the optimum."""
-    import symspec.solvers.certify_joint as cj
+    import symspec.certify.joint as cj
 
     spec = loads_spec(RES_SPEC, "res.yaml")
     result = align(ResMLP(3, 5, 4), ResMLP(3, 5, 5), spec)
@@ -153,7 +153,7 @@ def test_a_wrong_star_model_is_refused(monkeypatch: Any) -> None:
     """The star's factors must reproduce the objective at the result: with one factor's
     sign flipped the check refuses the bound instead of reporting it. A group that is not
     a star (a parameter carrying two leaves) is not given to the Gram relaxation."""
-    import symspec.solvers.certify_joint as cj
+    import symspec.certify.joint as cj
 
     spec = loads_spec(RES_SPEC, "res.yaml")
     result = align(ResMLP(4, 6, 0), ResMLP(4, 6, 1), spec)

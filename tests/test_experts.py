@@ -14,8 +14,8 @@ from symspec.errors import BindError, GroupError, SpecError
 from symspec.groups import D, Experts, Id, S, parse
 from symspec.problem import AxisView
 from symspec.solvers import SolveContext, Timer
-from symspec.solvers.base import StatTerm
-from symspec.solvers.experts import solve_experts_scaling
+from symspec.solvers.engine.base import StatTerm
+from symspec.solvers.kinds.experts import solve_experts_scaling
 from symspec.spec import builtin_path, dump_spec, loads_spec
 from symspec.testing import assert_not_invariant
 from tests.zoo import ZOO, variant

@@ -19,15 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import symspec
-from symspec.alignment import LearnedOptions
-from symspec.alignment.learned import lambda_sampler
+from symspec.learned import LearnedOptions
 from symspec.data import EvalData
 from symspec.errors import SymspecInputError
 from symspec.groups import GL, OC, SP, D, Dpos, Heads, Id, O, RoPE, S
 from symspec.groups.classic import Sign
+from symspec.learned.method import lambda_sampler
+from symspec.learned.parametrize import PARAMETRIZATIONS, ParamSettings, parametrize
 from symspec.loading import import_file
 from symspec.solvers import SolverError
-from symspec.solvers.parametrize import PARAMETRIZATIONS, ParamSettings, parametrize
 from tests.cli_files import ROOT, model_file, run, write_words
 from tests.zoo import ZOO
 
@@ -192,7 +192,7 @@ def test_runs_are_deterministic_given_a_seed() -> None:
 
 def test_a_wrong_element_is_refused_by_the_final_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """If a parametrisation left its group, the function check must catch it."""
-    from symspec.solvers import parametrize as pm
+    from symspec.learned import parametrize as pm
 
     def off(self: Any) -> dict[str, torch.Tensor]:
         m = self.start["matrix"]

@@ -274,7 +274,7 @@ def test_overlapped_head_solves_give_the_same_result(monkeypatch: pytest.MonkeyP
     # parameter, so the result is the one of solving them one after the other, bit for bit
     import threading
 
-    from symspec.solvers import descent
+    from symspec.solvers.engine import descent
 
     in_worker: list[bool] = []
     solve = descent._ClassWork.solve_many
@@ -286,7 +286,7 @@ def test_overlapped_head_solves_give_the_same_result(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(descent._ClassWork, "solve_many", spy)
     # the background solve reads only statistics computed before B's transformed data
     # was let go: nothing is recomputed from it afterwards
-    from symspec.solvers.base import DataTerm
+    from symspec.solvers.engine.base import DataTerm
 
     recomputed: list[int] = []
     evict, data = DataTerm.evict, DataTerm.b
@@ -326,7 +326,7 @@ def test_a_broken_down_gl_solve_is_never_taken_and_b_in_place_matches_the_copy()
     """BERT's first greedy round used to take a NaN QK map from a rank-deficient Gram
     (forced in, then undone by inverting it when B was transformed in place): a crash
     of `symspec match` on every BERT pair. The two ways agree to float32's rounding, not
-    bit for bit: the rank-deficient heads are anchored (symspec/solvers/heads.py) with
+    bit for bit: the rank-deficient heads are anchored (symspec/solvers/kinds/heads.py) with
     pseudo-data from the Gram in each way's own frame."""
     a, _ = ZOO["bert"](seed=0)
     b, _ = ZOO["bert"](seed=1)
@@ -341,7 +341,7 @@ def test_a_broken_down_gl_solve_is_never_taken_and_b_in_place_matches_the_copy()
 
 def test_the_descent_refuses_non_finite_elements_even_when_forced() -> None:
     from symspec.solvers import WeightOptions
-    from symspec.solvers.descent import Descent
+    from symspec.solvers.engine.descent import Descent
 
     a, _ = ZOO["nanogpt"](seed=0)
     res = symspec.align(a, a, "nanogpt", rounds=0, options=WeightOptions())

@@ -17,11 +17,11 @@ import torch
 from analyzers.testing import planted_pair
 from symspec.groups import GL
 from symspec.match import MatchResult, weight_match
-from symspec.solvers.acting import transform
-from symspec.solvers.base import SolveContext
-from symspec.solvers.descent import Descent
-from symspec.solvers.execution import ThreadedExecution
-from symspec.solvers.weight_statistics import WeightStatistics
+from symspec.solvers.engine.acting import transform
+from symspec.solvers.engine.base import SolveContext
+from symspec.solvers.engine.descent import Descent
+from symspec.solvers.engine.execution import ThreadedExecution
+from symspec.solvers.engine.weight_statistics import WeightStatistics
 from symspec.transforms import sample_elements
 from tests.zoo import ZOO
 
@@ -135,7 +135,7 @@ def test_no_step_is_taken_on_rounding_noise(name: str, spec: str) -> None:
 def test_gauss_newton_takes_no_step_at_an_exact_solution() -> None:
     # the planted GL map is already the minimiser: every step from it gains only f's
     # rounding noise (f ~ 1e-15 of its terms), so none is taken
-    from symspec.solvers.smooth import gauss_newton_gl
+    from symspec.solvers.kinds.smooth import gauss_newton_gl
     from tests.test_solvers import _gl_terms
 
     for seed in range(8):

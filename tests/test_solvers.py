@@ -26,8 +26,8 @@ from symspec.solvers import (
     procrustes,
     restrict_group,
 )
-from symspec.solvers.base import JOINT
-from symspec.solvers.smooth import _gl_fun_grad
+from symspec.solvers.engine.base import JOINT
+from symspec.solvers.kinds.smooth import _gl_fun_grad
 
 CTX = SolveContext()
 Sign = REGISTRY.get("Sign")  # a global sign (post-LayerNorm models); absent from older trees
@@ -191,7 +191,7 @@ def test_gl_gauss_newton_converges_to_a_stationary_point(seed: int) -> None:
 
 
 def test_gl_solver_is_never_worse_than_its_starts() -> None:
-    from symspec.solvers.smooth import _ls, equation_error
+    from symspec.solvers.kinds.smooth import _ls, equation_error
 
     for seed in range(10):
         gen = torch.Generator().manual_seed(seed)
@@ -318,7 +318,7 @@ def test_copies_that_differ_only_by_their_scale_are_told_apart(scaling) -> None:
     two copies fits one B copy exactly and the other only with different scales on its two
     sides. Scoring each side with its own scale (C^2/G per side) ties the copies; the pair
     score with one scale per pair is exact on the true partners and lower on the others."""
-    from symspec.solvers.assignment import scaled_pair_score
+    from symspec.solvers.kinds.assignment import scaled_pair_score
 
     n = 4
     gen = torch.Generator().manual_seed(12)
@@ -354,7 +354,7 @@ def test_the_pair_scale_value_is_a_value_some_scale_attains(seed: int, positive:
     """best_scale_value never exceeds the maximum over d (a dense grid, which it may beat
     only by the grid's coarseness) nor the per-side upper bound, and is exact where the
     co and contra optima agree."""
-    from symspec.solvers.smooth import best_scale_value
+    from symspec.solvers.kinds.smooth import best_scale_value
 
     gen = torch.Generator().manual_seed(seed)
     c = torch.randn(3, generator=gen, dtype=torch.float64)

@@ -22,7 +22,7 @@ from symspec.solvers import (
     match_weights,
     objective,
 )
-from symspec.solvers.statistics import same_element
+from symspec.solvers.engine.statistics import same_element
 
 
 class SiteStatistics:

@@ -5,7 +5,8 @@
 - :mod:`.registry`: which methods exist (:func:`register_method`, :func:`get_method`,
   :func:`method_names`; plugins through the ``symspec.methods`` entry points);
 - :mod:`.methods`: the built-in ones (``none``, ``weight``, ``weight-perm``,
-  ``universe``, the data-driven :mod:`.activation` ones, :mod:`.learned`);
+  ``universe``, the data-driven :mod:`.activation` ones, learned matching from
+  :mod:`symspec.learned`);
 - :mod:`.api`: :func:`align`, the pipeline every method runs in (bind, check,
   canonicalise, restrict, solve, transform, record), and its :class:`AlignResult`.
 
@@ -15,25 +16,13 @@ import torch. See docs/architecture.md for how to add a method.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_exports
 
-_EXPORTS = {
-    "AlignOptions": "method", "Alignment": "method", "Endpoint": "method", "Method": "method",
-    "get_method": "registry", "method_names": "registry", "register_method": "registry",
-    "registered": "registry", "unregister_method": "registry",
-    "AlignResult": "api", "align": "api", "canonical_module": "api", "check_same_problem": "api",
-    "mode_text": "api", "weight_distance": "api", "DATA_DEFAULT": "methods",
-    "ActivationOptions": "activation", "LearnedOptions": "learned",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'symspec.alignment' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f"symspec.alignment.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __all__ = lazy_exports(__name__, {
+    "AlignOptions": ".method", "Alignment": ".method", "Endpoint": ".method", "Method": ".method",
+    "get_method": ".registry", "method_names": ".registry", "register_method": ".registry",
+    "registered": ".registry", "unregister_method": ".registry",
+    "AlignResult": ".api", "align": ".api", "canonical_module": ".api", "check_same_problem": ".api",
+    "mode_text": ".api", "weight_distance": ".api", "DATA_DEFAULT": ".methods",
+    "ActivationOptions": ".activation",
+})

@@ -1,6 +1,6 @@
 """Data-driven alignment methods built on the weights' solvers.
 
-- ``activation``: activation matching (:mod:`symspec.solvers.activation_statistics`):
+- ``activation``: activation matching (:mod:`symspec.solvers.engine.activation_statistics`):
   both models run over the same batches, the second moments of their features at every
   activation site are accumulated, and each space is solved from them;
 - ``weight+activation``: the weights' terms and the activation terms in one objective;
@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..errors import SymspecInputError
-from .method import Alignment, AlignOptions, Endpoint
+from .protocol import Alignment, AlignOptions, Endpoint
 
 if TYPE_CHECKING:  # this module is imported when methods are listed: no torch until used
     import torch
 
     from ..problem import Problem
-    from ..solvers.activation_statistics import ActivationMoments
+    from ..solvers.engine.activation_statistics import ActivationMoments
 
 __all__ = ["ActivationMatching", "ActivationOptions", "TokenWeightedMatching", "collect_moments", "token_counts"]
 
@@ -43,7 +43,7 @@ class ActivationOptions:
     ``weight+activation``, the activation terms' energy relative to the weights'.
     ``ridge``: in ``activation``, a ridge toward the identity on the per-head maps that
     are not orthogonal, relative to the sites' energy
-    (:func:`~symspec.solvers.activation_statistics.head_ridges`; 0: none, which exact
+    (:func:`~symspec.solvers.engine.activation_statistics.head_ridges`; 0: none, which exact
     recovery of a planted element needs). ``solver``: the descent's knobs (:class:`~symspec.solvers.WeightOptions`)."""
 
     batches: int | None = 32
@@ -90,7 +90,7 @@ def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[
     import torch
 
     from ..graph import SiteRecorder, read_sites
-    from ..solvers.activation_statistics import ActivationMoments
+    from ..solvers.engine.activation_statistics import ActivationMoments
 
     recorder = SiteRecorder(module, problem, select=read_sites if sites == "read" else None)
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
@@ -116,7 +116,7 @@ def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[
 @attrs.frozen
 class ActivationMatching:
     """Activation matching (``combine=False``) or weight plus activation matching
-    (``combine=True``): see the module and :mod:`symspec.solvers.activation_statistics`.
+    (``combine=True``): see the module and :mod:`symspec.solvers.engine.activation_statistics`.
     ``options.tuning``: an :class:`ActivationOptions`."""
 
     name: str = "activation"
@@ -131,7 +131,7 @@ class ActivationMatching:
         import torch
 
         from ..solvers import Timer, match_weights
-        from ..solvers.activation_statistics import activation_problem, combined_problem
+        from ..solvers.engine.activation_statistics import activation_problem, combined_problem
 
         opts = _options(options.tuning)
         timer = options.timer or Timer()

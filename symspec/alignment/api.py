@@ -44,7 +44,7 @@ from ..statedict import (
 )
 from ..transforms import apply_elements, canonicalize_state_dict
 from ..transforms.canonical import canonicalize_structure
-from .method import Alignment, AlignOptions, Endpoint, Method
+from .protocol import Alignment, AlignOptions, Endpoint, Method
 from .registry import get_method
 
 ModelLike = torch.nn.Module | Mapping[str, torch.Tensor]
@@ -110,19 +110,19 @@ class AlignResult:
     def certify(self, *, per_space: bool = True, joint: bool = True, joint_limit: int | None = None,
                 gram_limit: int | None = None) -> Any:
         """Lower bounds on the objective's minimum over the searched groups, and this
-        result's gaps to them (:func:`symspec.solvers.certify.certify`): the global
+        result's gaps to them (:func:`symspec.certify.certify`): the global
         decoupled bound (not available when a searched group is not norm-preserving), per
         space given the others (``per_space``) and a joint bound (``joint``: exact over
         spaces that share no parameter, a Shor SDP relaxation over those that do, on small
         sizes: each interacting group's lifted size at most ``joint_limit``, default
-        :data:`~symspec.solvers.certify_joint.JOINT_LIMIT`; a Gram SDP relaxation over a
+        :data:`~symspec.certify.joint.JOINT_LIMIT`; a Gram SDP relaxation over a
         star-shaped group, such as the residual with the spaces that read and write it, of
         size at most ``gram_limit``, default
-        :data:`~symspec.solvers.certify_joint.GRAM_LIMIT`). A B lifted into A's widths is
+        :data:`~symspec.certify.joint.GRAM_LIMIT`). A B lifted into A's widths is
         certified as lifted (the lift is not part of the group; the reason says so).
         Needs canonical B (``align(keep_canonical_b=True)``, the default)."""
+        from ..certify.certificate import GRAM_LIMIT, JOINT_LIMIT, certify
         from ..groups import parse
-        from ..solvers.certify import GRAM_LIMIT, JOINT_LIMIT, certify
 
         if not get_method(self.method).canonical:
             raise SymspecInputError(no_certificate(self.method))
@@ -277,7 +277,7 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     ``model_a``/``model_b``: modules (or state dicts, with ``config`` for the spec's
     dimensions). ``spec``: a Spec, a BoundSpec (of A), a path or a built-in name.
     ``groups``: restrict the search, ``"perm"`` (permutations only, the paper's ablation),
-    ``"full"``, or per declared space, ``"perm,attn=full"`` (:mod:`symspec.solvers.restrict`);
+    ``"full"``, or per declared space, ``"perm,attn=full"`` (:mod:`symspec.solvers.engine.restrict`);
     default: the method's own (``"full"`` for most). ``rounds``/``tol``: at most ``rounds``
     rounds, fewer once a round gains less than ``tol`` (relative). ``device``: where the
     dense work runs. ``dtype``: the working precision (default: A's; float32 for float16

@@ -1,14 +1,23 @@
 """Solvers: weight matching compiled from the typed problem description.
 
-Every solver sees only a :class:`~symspec.problem.Problem` and statistics (by default of
-state dicts in canonical form, :mod:`.statistics`); one solver per group kind is
-registered in :data:`SOLVERS`. The engine: :mod:`.weight` (the entry point),
-:mod:`.descent`, :mod:`.execution`. See docs/matching.md.
+Two parts, by job:
+
+- :mod:`.engine`: the weight-matching engine. Terms and the solver registry
+  (:mod:`.engine.base`), statistics providers (:mod:`.engine.statistics`, of state dicts in
+  canonical form by default), acting and rounding, coordinate descent
+  (:mod:`.engine.descent`), execution, :func:`match_weights` (:mod:`.engine.weight`, the
+  entry point) and restricted groups (:mod:`.engine.restrict`);
+- :mod:`.kinds`: one solver per group kind, registered in :data:`SOLVERS` (assignment,
+  orthogonal, smooth, heads, experts).
+
+Every solver sees only a :class:`~symspec.problem.Problem` and statistics.
+:mod:`.convex` wraps cvxpy for the relaxations. Certificates are :mod:`symspec.certify`,
+learned matching's parametrisations :mod:`symspec.learned.parametrize`. See
+docs/matching.md.
 """
 
-from . import assignment, experts, heads, orthogonal, smooth  # noqa: F401  (register the solvers)
-from .assignment import assign
-from .base import (
+from . import kinds  # noqa: F401  (registers the per-kind solvers)
+from .engine.base import (
     SOLVERS,
     SolveContext,
     SolverError,
@@ -19,17 +28,15 @@ from .base import (
     solver,
     solver_for,
 )
-from .orthogonal import procrustes
-from .restrict import (
+from .engine.restrict import (
     MODES,
     embed,
     parse_restriction,
     restrict_group,
     restrict_problem,
 )
-from .smooth import gauss_newton_gl
-from .statistics import ProviderFactory, StatisticsProvider, Trial, Value
-from .weight import (
+from .engine.statistics import ProviderFactory, StatisticsProvider, Trial, Value
+from .engine.weight import (
     MatchEvent,
     WeightMatchingResult,
     WeightOptions,
@@ -37,6 +44,9 @@ from .weight import (
     schedule,
     working_dtype,
 )
+from .kinds.assignment import assign
+from .kinds.orthogonal import procrustes
+from .kinds.smooth import gauss_newton_gl
 
 __all__ = [
     "MODES",

@@ -171,7 +171,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
     for the loss of merged models with Dirichlet weights (:mod:`.learned`, the paper's
     §4.3) on ``data`` (the train split), validated on ``validation`` (the val split; None:
     a held-out tenth of ``data``); ``options``: a
-    :class:`~symspec.alignment.LearnedOptions` (steps, rate, ``dirichlet``, ...). The
+    :class:`~symspec.learned.LearnedOptions` (steps, rate, ``dirichlet``, ...). The
     refined models are held in memory (``aligned``).
     """
     t0 = time.perf_counter()
@@ -242,13 +242,13 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
 
 
 def _refines(m: Any) -> bool:
-    from ..alignment.learned import LearnedMatching
+    from ..learned.method import LearnedMatching
 
     return isinstance(m, LearnedMatching)
 
 
 def _learned(options: Any, m: Any) -> Any:
-    from ..alignment.learned import as_options
+    from ..learned.method import as_options
 
     return as_options(options, m.permutations)
 

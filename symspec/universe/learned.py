@@ -4,7 +4,7 @@ After the rounds of universe (weight) matching, every model's element is refined
 the loss of merged models: at each step, weights ``w ~ Dirichlet(alpha 1)`` over the N
 models (``alpha = 0.1``: most draws near the simplex's edges and corners, some inside),
 and the loss of ``sum_i w_i h_i g_i theta_i`` on a batch of the train split, trained
-over the ``h_i`` (:func:`symspec.alignment.learned.learn`, the same parametrisations and
+over the ``h_i`` (:func:`symspec.learned.method.learn`, the same parametrisations and
 schedule as learned matching of a pair). The reference model's ``h`` stays the identity:
 a symmetry applied to every model at once changes no merged model's function, so fixing
 one removes that freedom without losing anything. Validation is the uniform merge
@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 import torch
 
-from ..alignment.learned import LearnedOptions, Mixture, learn
+from ..learned.method import LearnedOptions, Mixture, learn
 from ..solvers import embed, restrict_problem
 from ..transforms import apply_elements
 from .algorithm import RunningMean
@@ -35,7 +35,7 @@ def refine(result: Any, modes: Mapping[str, str], data: Any, validation: Any, op
            device: str | torch.device = "cpu", progress: Any = None) -> dict[str, Any]:
     """Refine a :class:`~symspec.universe.UniverseResult` in place (aligned models, merged
     model, records); returns the account of the refinement (JSON-able). ``options``: the
-    schedule and ``dirichlet`` (alpha) of :class:`~symspec.alignment.LearnedOptions`."""
+    schedule and ``dirichlet`` (alpha) of :class:`~symspec.learned.LearnedOptions`."""
     if result.canonical_model is None:
         raise UniverseError("learned refinement runs the models: pass modules, model files or folders (not state dicts)")
     if data is None:

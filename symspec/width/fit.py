@@ -318,7 +318,7 @@ def _site_vectors(res: Any, partial: LiftResult, data: Any,
     ||L_A,k - L_B,j||^2 = E||x_A,k - x_B,j||^2 up to a constant per k), and B's units
     are read at the first copy of each."""
     from ..alignment.activation import collect_moments
-    from ..solvers.activation_statistics import activation_problem
+    from ..solvers.engine.activation_statistics import activation_problem
 
     problem = res.bound.problem
     module = res.canonical_model

@@ -79,7 +79,7 @@ def learn_free(result: Any, data: Any, validation: Any = None, *, steps: int = 3
     ``info["lift"]["free"]`` says what was done (and the function check). ``progress``:
     called with a :class:`~symspec.solvers.MatchEvent` at the start and after every step,
     as learned matching does."""
-    from ..alignment.learned import LearnedOptions, Mixture, _order, _splits, lambda_sampler
+    from ..learned.method import LearnedOptions, Mixture, _order, _splits, lambda_sampler
     from ..solvers import MatchEvent
     from ..transforms import apply_elements
 
@@ -174,8 +174,8 @@ def keeps_function(module: torch.nn.Module, before: Mapping[str, torch.Tensor], 
     """Whether ``after`` computes what ``before`` does in ``module`` (canonical form) on
     ``examples`` examples of ``batch``, evaluated in float64, to the checker's tolerance
     of the weights' dtype (1e-9 relative for float64 weights, 1e-4 for float32)."""
-    from ..alignment.learned import float64_difference
     from ..checker import DEFAULT_RTOL
+    from ..learned.method import float64_difference
     from ..statedict import functional_names
 
     names, _ = functional_names(module)

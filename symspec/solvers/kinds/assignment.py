@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
 
-from ..groups import DiagonalGroup, Element, Group
-from .base import (
+from ...groups import DiagonalGroup, Element, Group
+from ..engine.base import (
     SolveContext,
     SolverError,
     StatTerm,

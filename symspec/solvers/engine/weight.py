@@ -18,10 +18,10 @@ from collections.abc import Mapping
 import attrs
 import torch
 
-from ..errors import SymspecInputError
-from ..groups import Element
-from ..problem import Problem
-from ..statedict import widen, working_dtype
+from ...errors import SymspecInputError
+from ...groups import Element
+from ...problem import Problem
+from ...statedict import widen, working_dtype
 from .base import SolveContext, Timer
 from .descent import Descent, MatchEvent, Progress, schedule
 from .execution import ThreadedExecution

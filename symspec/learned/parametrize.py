@@ -50,9 +50,9 @@ import torch
 from ..groups import Element, Group, Path, Variance
 from ..groups.classic import OC, centred_basis
 from ..groups.heads import Heads
+from ..solvers.engine.base import SolverError
+from ..solvers.kinds.assignment import assign
 from ..transforms.apply import Action
-from .assignment import assign
-from .base import SolverError
 
 ORTHOGONAL = ("exp", "polar")
 PERMUTATIONS = ("frozen", "ste", "sinkhorn")

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from ..groups import Element
-from ..problem import Incidence, Problem
+from ...groups import Element
+from ...problem import Incidence, Problem
 from .acting import segment, transform
 from .base import JOINT, DataTerm, Piece, SolveContext, StatTerm, SumTerm, Term, solver_for
 from .rounding import (

@@ -1,7 +1,7 @@
 """Where the statistics come from: the seam between matching and its data.
 
 Coordinate descent (:mod:`.descent`) and the per-kind solvers never read weights or
-activations: a solver reads a space's :class:`~symspec.solvers.base.Term` statistics
+activations: a solver reads a space's :class:`~symspec.solvers.engine.base.Term` statistics
 (``C = sum w a b^T``, ``G = sum w b b^T``, ``||a||^2``), and the descent compares values
 of the objective. A *statistics provider* supplies both, for the current element of
 every space:
@@ -30,8 +30,8 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from ..groups import Element
-from ..problem import Problem
+from ...groups import Element
+from ...problem import Problem
 from .base import SolveContext, Term
 
 

@@ -53,13 +53,13 @@ import torch
 
 from ..groups import DiagonalGroup, Element, Group, Heads, S
 from ..problem import Problem
-from .acting import transform
-from .assignment import assign
-from .base import SolveContext, SolverError, Term, objective, solver_for
-from .certify_joint import NEEDS_CVXPY, element_eps, noisy_gap
-from .convex import solve
-from .heads import _blocks, _part_terms, assign_heads
-from .weight_statistics import WeightStatistics
+from ..solvers.convex import solve
+from ..solvers.engine.acting import transform
+from ..solvers.engine.base import SolveContext, SolverError, Term, objective, solver_for
+from ..solvers.engine.weight_statistics import WeightStatistics
+from ..solvers.kinds.assignment import assign
+from ..solvers.kinds.heads import _blocks, _part_terms, assign_heads
+from .joint import NEEDS_CVXPY, element_eps, noisy_gap
 
 #: the doubly stochastic relaxation of a quadratic permutation space is solved up to this
 #: many units (n^2 variables); above it, the decoupled bound

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from ..groups import DiagonalGroup, Element, Experts, Group, Id, S
-from .assignment import assign, scaled_pair_score, scales_given
-from .base import (
+from ...groups import DiagonalGroup, Element, Experts, Group, Id, S
+from ..engine.base import (
     SolveContext,
     SolverError,
     Term,
@@ -34,6 +33,7 @@ from .base import (
     solver,
     solver_many,
 )
+from .assignment import assign, scaled_pair_score, scales_given
 from .heads import prefetch_heads, solve_heads, solve_heads_many
 
 # alone, an expert group is solved as the head group it is

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ..groups import Element
-from ..problem import Factor, Incidence, Problem, Segment
+from ...groups import Element
+from ...problem import Factor, Incidence, Problem, Segment
 
 
 def undo_left(problem: Problem, y: torch.Tensor, left: tuple[Factor, ...], elements: Mapping[str, Element]) -> torch.Tensor:

@@ -26,8 +26,8 @@ from typing import Any
 import attrs
 import torch
 
-from ..errors import SymspecInputError
-from ..groups import Element, Group, Path
+from ...errors import SymspecInputError
+from ...groups import Element, Group, Path
 
 
 class SolverError(SymspecInputError):

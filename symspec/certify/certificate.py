@@ -27,13 +27,13 @@ is not norm-preserving (GL maps, diagonal scalings, the RoPE commutant): then
 
 Given the result's elements, :func:`certify` adds two more kinds of bound:
 
-- per space, the others fixed at the result (:mod:`.certify_space`): exact for the
+- per space, the others fixed at the result (:mod:`.space`): exact for the
   groups a solver minimises exactly (assignment, Procrustes, diagonal scalings, head
   permutations with trivial or orthogonal parts), a relaxation otherwise (GL and RoPE
   heads by least squares per piece, a permutation on two axes of one parameter by its
   doubly stochastic relaxation): whether the result is coordinate-wise optimal, and by
   how much each space could still improve;
-- jointly over several spaces (:mod:`.certify_joint`): over every permutation,
+- jointly over several spaces (:mod:`.joint`): over every permutation,
   head-permutation, O and OC space, spaces that interact (share a parameter) lifted
   together into a Shor SDP relaxation when small (``N = sum n_s^2 <= JOINT_LIMIT``)
   and, when they form a star (one hub, such as the residual, that each of the others
@@ -59,8 +59,8 @@ from ..groups import SP, S
 from ..groups.classic import Sign
 from ..problem import Problem
 from ..statedict import squared_distance
-from .certify_joint import GRAM_LIMIT, JOINT_LIMIT, NEEDS_CVXPY, JointBound, joint_bounds
-from .certify_space import SpaceBound, space_bounds
+from .joint import GRAM_LIMIT, JOINT_LIMIT, NEEDS_CVXPY, JointBound, joint_bounds
+from .space import SpaceBound, space_bounds
 
 
 @attrs.frozen

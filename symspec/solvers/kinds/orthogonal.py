@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..groups import OC, Element, Group, centred_basis
-from .base import SolveContext, Term, require_variances, solver
+from ...groups import OC, Element, Group, centred_basis
+from ..engine.base import SolveContext, Term, require_variances, solver
 
 
 def procrustes(m: torch.Tensor, ctx: SolveContext | None = None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Coordinate descent over the spaces of a problem, on a statistics provider.
 
 A round solves every searched space once, with all others fixed, by the solver its
-group kind registers (:data:`symspec.solvers.base.SOLVERS`); rounds repeat until the
+group kind registers (:data:`symspec.solvers.engine.base.SOLVERS`); rounds repeat until the
 objective stops improving. The descent reads only the provider's terms and objective
 (:mod:`.statistics`) and knows no architecture:
 
@@ -29,8 +29,8 @@ from typing import Any
 import attrs
 import torch
 
-from ..groups import Element, Group
-from ..problem import Problem
+from ...groups import Element, Group
+from ...problem import Problem
 from .base import JOINT, SolveContext, Term, solve_stacked, solver_for
 from .execution import Batch, Execution
 from .statistics import StatisticsProvider, total, total_level

@@ -496,7 +496,7 @@ def _solve(prob: Any, constraint: Any, eps: float) -> str:
     SCS is KeyboardInterrupt (:func:`symspec.solvers.convex.solve`), never a retry."""
     import cvxpy as cp
 
-    from .convex import INTERIOR_POINT_MAX_BYTES, interior_point_bytes, solve
+    from ..solvers.convex import INTERIOR_POINT_MAX_BYTES, interior_point_bytes, solve
 
     used = "SCS"
     with warnings.catch_warnings():  # "may be inaccurate": the certificate accounts for it

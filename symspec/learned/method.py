@@ -5,7 +5,7 @@ The paper's Algorithm 1 (DESIGN §7), as a method of the registry, for any spec:
     minimise over g:  E_{lambda, batch} L( f( (1 - lambda) A + lambda g.B ; batch ) )
 
 with A and B in canonical form and ``g`` one element per space, parametrised so that
-every iterate is an element of the space's group (:mod:`symspec.solvers.parametrize`),
+every iterate is an element of the space's group (:mod:`symspec.learned.parametrize`),
 started at weight matching's solution (or at ``options.init``). The model is evaluated
 with ``torch.func.functional_call`` on one module instance (A's class in canonical form)
 holding the interpolated tensors, so the path is one of the architecture's own models
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ..alignment.protocol import Alignment, AlignOptions, Endpoint
 from ..errors import SymspecInputError
-from .method import Alignment, AlignOptions, Endpoint
 
 if TYPE_CHECKING:  # torch only when the method runs: the CLI lists methods cheaply
     import torch
@@ -104,7 +104,7 @@ class LearnedOptions:
     solver: Any = None
 
     def __attrs_post_init__(self) -> None:
-        from ..solvers.parametrize import ORTHOGONAL, PERMUTATIONS
+        from .parametrize import ORTHOGONAL, PERMUTATIONS
 
         lambda_sampler(self.lam)
         if self.steps is not None and self.steps < 1:
@@ -374,7 +374,7 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
 
     from ..data.base import batch_len
     from ..solvers import MatchEvent, SolverError, Timer
-    from ..solvers.parametrize import ParamSettings, parametrize
+    from .parametrize import ParamSettings, parametrize
 
     timer = timer or Timer()
     problem = mixture.problem
@@ -477,7 +477,7 @@ def _max_condition(params: Mapping[int, Mapping[str, Any]]) -> float:
     """The worst condition number of the learned GL maps now (1 without any)."""
     import torch
 
-    from ..solvers.parametrize import LinearParam
+    from .parametrize import LinearParam
 
     worst = 1.0
     with torch.no_grad():

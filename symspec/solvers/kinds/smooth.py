@@ -29,9 +29,9 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from ..groups import Element, Group, RoPE
-from ..linalg import lu_inv_ex, lu_solve
-from .base import SolveContext, SolverError, Term, require_variances, solver
+from ...groups import Element, Group, RoPE
+from ...linalg import lu_inv_ex, lu_solve
+from ..engine.base import SolveContext, SolverError, Term, require_variances, solver
 
 Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # cross, gram, a_sq
 

@@ -22,8 +22,8 @@ from typing import Protocol
 import attrs
 import torch
 
-from ..groups import Element, Group
-from ..process import torch_threads
+from ...groups import Element, Group
+from ...process import torch_threads
 from .base import SolveContext, Term, solver_for
 
 

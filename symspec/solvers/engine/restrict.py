@@ -26,9 +26,9 @@ from collections.abc import Mapping
 import attrs
 import torch
 
-from ..errors import SymspecInputError, suggest
-from ..groups import Element, Group
-from ..problem import Problem
+from ...errors import SymspecInputError, suggest
+from ...groups import Element, Group
+from ...problem import Problem
 
 MODES = ("full", "perm", "fixed")
 

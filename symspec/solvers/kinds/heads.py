@@ -29,10 +29,18 @@ import functools
 
 import torch
 
-from ..groups import Element, Group, Heads
-from ..linalg import lu_inv
+from ...groups import Element, Group, Heads
+from ...linalg import lu_inv
+from ..engine.base import (
+    SolveContext,
+    StatTerm,
+    Term,
+    prefetcher,
+    solve_stacked,
+    solver,
+    solver_many,
+)
 from .assignment import assign
-from .base import SolveContext, StatTerm, Term, prefetcher, solve_stacked, solver, solver_many
 
 
 def _blocks(c: torch.Tensor, heads: int, dh: int) -> torch.Tensor:

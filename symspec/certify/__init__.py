@@ -1,0 +1,19 @@
+"""Certificates: how far a weight-matching result can be from the best one, as lower
+bounds on the objective's global minimum over the searched group (``--certify``,
+:meth:`symspec.alignment.AlignResult.certify`).
+
+- :mod:`.certificate`: :func:`certify`, the decoupled global bound and the composition of
+  the others into a :class:`Certificate`;
+- :mod:`.space`: the bound per space, the other spaces fixed at the result;
+- :mod:`.joint`: the joint bound over interacting spaces (Shor and Gram SDP relaxations,
+  with cvxpy, an optional dependency imported only when a relaxation is solved).
+
+A bound on a result, not a solver: it sits above the solvers and the alignment methods.
+See docs/matching.md.
+"""
+
+from .certificate import Certificate, certify
+from .joint import GRAM_LIMIT, JOINT_LIMIT, NEEDS_CVXPY, JointBound
+from .space import SpaceBound
+
+__all__ = ["GRAM_LIMIT", "JOINT_LIMIT", "NEEDS_CVXPY", "Certificate", "JointBound", "SpaceBound", "certify"]
