@@ -15,28 +15,27 @@ from typing import Any
 import attrs
 import torch
 
+from ..spec.model import AxisExpr, Chain, Term
 from .lattice import SHRINK, largest, meet
 from .walk import Facts
 
 _LAYER = re.compile(r"\.(\d+)\.")
 
 
-@attrs.define
-class Factor:
-    space: str  # base name
-    index: int | None
-    path: str = ""  # "qk", "ov.kv", ...
-    dual: bool = False
-    absval: bool = False
+def term(space: str, index: int | None, path: str = "", dual: bool = False, absval: bool = False) -> Term:
+    """A space acting on an axis, as the spec writes it: ``index`` is the layer (None for
+    a global space), ``path`` a representation (``"qk"``, ``"ov.kv"``)."""
+    return Term(space, index, tuple(path.split(".")) if path else (), "abs" if absval else "contra" if dual else "co")
 
 
-@attrs.define
-class AxisBind:
-    """One parameter axis: a chain of factors, or a concatenation of chains."""
+def axis_expr(chains: list[list[Term]], cat: bool = False, heads: str | None = None) -> AxisExpr:
+    """One parameter axis: a chain of terms, or a concatenation of chains (an empty chain:
+    nothing acts there)."""
+    return AxisExpr(tuple(Chain(tuple(c)) for c in chains), cat, heads)
 
-    chains: list[list[Factor]]
-    cat: bool = False
-    heads: str | None = None  # cat(..., heads=H)
+
+#: an axis nothing acts on
+UNTOUCHED = axis_expr([[]])
 
 
 @attrs.define
@@ -101,7 +100,7 @@ class Draft:
     model_class: str
     dims: dict[str, tuple[str, int, str]]  # symbol -> (expression, value, comment)
     spaces: dict[str, Space]
-    params: dict[str, list[AxisBind] | str]  # name -> axes, or "invariant"
+    params: dict[str, list[AxisExpr] | str]  # name -> axes, or "invariant"
     param_notes: dict[str, str]
     ties: list[tuple[str, str]]
     untie: list[str]
@@ -580,17 +579,17 @@ class _Builder:
         return False
 
     # -- bindings ----------------------------------------------------------------------
-    def describe(self, atom: int, dual: bool, absval: bool = False) -> AxisBind | None:
+    def describe(self, atom: int, dual: bool, absval: bool = False) -> AxisExpr | None:
         r = self.ax.find(atom)
         if r in self.within_of and self.within_of[r][0] in self.single_kv:  # multi-query: k and v are one head
             base, idx, part, side = self.within_of[r]
-            return AxisBind([[Factor(base, idx, part + ".kv", dual != side)]])
+            return axis_expr([[term(base, idx, part + ".kv", dual != side)]])
         if r in self.class_space:
             base, idx = self.class_space[r]
-            return AxisBind([[Factor(base, idx, "", dual, absval)]])
+            return axis_expr([[term(base, idx, "", dual, absval)]])
         if r in self.router_of:
             base, idx = self.router_of[r]
-            return AxisBind([[Factor(base, idx, "router", dual)]])
+            return axis_expr([[term(base, idx, "router", dual)]])
         for _sizes, kids in self.ax.splits.get(r, {}).items():
             if len(kids) != 2:
                 continue
@@ -600,7 +599,7 @@ class _Builder:
                 b2, _, part, side = self.within_of[w]
                 if b2 != base:
                     continue
-                return AxisBind([[Factor(base, idx, part + (".kv" if kv else ""), dual != side)]])
+                return axis_expr([[term(base, idx, part + (".kv" if kv else ""), dual != side)]])
             if h in self.head_of:  # per head: [q | k | v] (GPT-NeoX's fused layout)
                 tiles = self.ax.tiling(w)
                 if tiles:
@@ -612,9 +611,9 @@ class _Builder:
                             chains = []
                             break
                         _, _, part, side = self.within_of[cw]
-                        chains.append([Factor(base, idx, part + (".kv" if kv else ""), dual != side)])
+                        chains.append([term(base, idx, part + (".kv" if kv else ""), dual != side)])
                     if chains:
-                        return AxisBind(chains, cat=True, heads=self.spaces[base].heads_dim)
+                        return axis_expr(chains, cat=True, heads=self.spaces[base].heads_dim)
         tiles = self.ax.tiling(r)
         if tiles:
             chains = []
@@ -622,8 +621,8 @@ class _Builder:
                 sub = self.describe(c, dual, absval)
                 if sub is None or sub.cat:
                     return None
-                chains.append(sub.chains[0])
-            return AxisBind(chains, cat=True)
+                chains.append(list(sub.segments[0].terms))
+            return axis_expr(chains, cat=True)
         return None
 
     def bindings(self, folded_gains: set[str], folded_biases: set[str], unfoldable: dict[int, str]) -> dict[str, Any]:
@@ -643,49 +642,50 @@ class _Builder:
             if pname in self.expert_params:
                 params[pname] = self._expert_binding(pname, atoms, roles)
                 continue
-            axes: list[AxisBind] = []
+            axes: list[AxisExpr] = []
             for axis, a in enumerate(atoms):
                 rs = roles.get(axis, set())
                 if self.tensors[pname].shape[axis] == 1 or not rs & {"co", "contra", "gain", "normbias"}:
-                    axes.append(AxisBind([[]]))
+                    axes.append(UNTOUCHED)
                     continue
                 dual = "contra" in rs and "co" not in rs
                 absval = "gain" in rs
                 b = self.describe(a, dual, absval)
                 if b is None:
-                    axes.append(AxisBind([[]]))
+                    axes.append(UNTOUCHED)
                     continue
+                chains = [list(c.terms) for c in b.segments]
                 sc = self.scaled.get((pname, axis))
-                if sc is not None and not b.cat and len(b.chains[0]) == 1:
-                    b.chains[0].append(Factor(sc[0], sc[1], "", sc[2]))
+                if sc is not None and not b.cat and len(chains[0]) == 1:
+                    chains[0].append(term(sc[0], sc[1], "", sc[2]))
                 if b.cat:
-                    for i, chain in enumerate(b.chains):
+                    for i, chain in enumerate(chains):
                         sp_ = self.scaled_piece.get((pname, axis, i))
                         if sp_ is not None and len(chain) == 1:
-                            chain.append(Factor(sp_[0], sp_[1], "", sp_[2]))
-                if "sgn" in self.spaces and not b.cat and any(f.space == "resid" for f in b.chains[0]):
+                            chain.append(term(sp_[0], sp_[1], "", sp_[2]))
+                if "sgn" in self.spaces and not b.cat and any(t.space == "resid" for t in chains[0]):
                     sign = self._sign_of(pname, axis)
                     if sign is not None:
-                        b.chains[0].insert(0, Factor("sgn", None, "", sign))
-                axes.append(b)
+                        chains[0].insert(0, term("sgn", None, "", sign))
+                axes.append(axis_expr(chains, b.cat, b.heads))
             params[pname] = axes
         return params
 
-    def _expert_binding(self, pname: str, atoms: list[int], roles: dict[int, set[str]]) -> list[AxisBind]:
+    def _expert_binding(self, pname: str, atoms: list[int], roles: dict[int, set[str]]) -> list[AxisExpr]:
         """An expert weight, seen through its view: the expert and unit axes merged (the
         experts' units, expert-major; a fused gate/up as ``cat(..., heads=E)``), and the
         residual axis."""
         view, unit_axis, other, pieces, base, idx = self.expert_params[pname]
         unit_dual = "contra" in roles.get(unit_axis, set()) and "co" not in roles.get(unit_axis, set())
-        unit = Factor(base, idx, "", unit_dual)
-        chains = [[attrs.evolve(unit)] for _ in range(pieces)]
+        unit = term(base, idx, "", unit_dual)
+        chains = [[unit] for _ in range(pieces)]
         for i, chain in enumerate(chains):
             sc = self.scaled_piece.get((pname, unit_axis, i)) if pieces > 1 else self.scaled.get((pname, unit_axis))
             if sc is not None:
-                chain.append(Factor(sc[0], sc[1], "", sc[2]))
-        units = AxisBind(chains, cat=True, heads="E") if pieces > 1 else AxisBind(chains)
+                chain.append(term(sc[0], sc[1], "", sc[2]))
+        units = axis_expr(chains, cat=True, heads="E") if pieces > 1 else axis_expr(chains)
         rs = roles.get(other, set())
-        resid = self.describe(atoms[other], "contra" in rs and "co" not in rs) or AxisBind([[]])
+        resid = self.describe(atoms[other], "contra" in rs and "co" not in rs) or UNTOUCHED
         return [units if len(g) == 2 else resid for g in view]
 
     def _sign_of(self, pname: str, axis: int) -> bool | None:

@@ -11,8 +11,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import GroupError, SpecError, suggest
 from ..groups import ALIASES, REGISTRY
 from ..io_util import read_small_file
@@ -31,7 +29,10 @@ from .model import (
 )
 from .steps import validate_step
 from .templates import BRACED, captures_of
+from .write import dump_spec
 from .yamlsrc import KeyPath, Source, decode_spec, load_source, spec_error
+
+__all__ = ["dump_spec", "load_spec", "loads_spec"]  # dump_spec: the writer, in .write
 
 FORMAT_VERSION = 1
 TOP_KEYS = ("symspec", "name", "description", "models", "dims", "spaces", "params", "ties", "canonicalize")
@@ -453,44 +454,3 @@ def _steps(src: Source, raw: Any) -> list[StepDecl]:
         kind, args = res
         out.append(StepDecl.make(kind, args, src.loc(path)))
     return out
-
-
-# ---------------------------------------------------------------------------------------
-
-
-def dump_spec(spec: Spec) -> str:
-    """Write a spec back as YAML; ``loads_spec(dump_spec(s)) == s``."""
-    doc: dict[str, Any] = {"symspec": spec.version, "name": spec.name}
-    if spec.description:
-        doc["description"] = spec.description
-    if spec.models:
-        doc["models"] = list(spec.models)
-    if spec.dims:
-        doc["dims"] = {d.name: _scalar(d.expr) for d in spec.dims}
-    doc["spaces"] = {s.key: ({"group": s.group, "doc": s.doc} if s.doc else s.group) for s in spec.spaces}
-    params: dict[str, Any] = {}
-    for p in spec.params:
-        if p.invariant:
-            value: Any = "invariant"
-        else:
-            value = ["_" if a is None else str(a) for a in (p.axes or ())]
-        if p.view is not None and not p.invariant:
-            entry: dict[str, Any] = {"view": [list(g) if len(g) > 1 else g[0] for g in p.view], "axes": value}
-            if p.doc:
-                entry["doc"] = p.doc
-            params[p.pattern] = entry
-            continue
-        params[p.pattern] = ({"invariant": True, "doc": p.doc} if p.invariant else {"axes": value, "doc": p.doc}) if p.doc else value
-    doc["params"] = params
-    if spec.ties:
-        doc["ties"] = [list(t.params) for t in spec.ties]
-    if spec.canonicalize:
-        doc["canonicalize"] = [{s.kind: s.as_dict()} for s in spec.canonicalize]
-    return yaml.safe_dump(doc, sort_keys=False, width=120)
-
-
-def _scalar(expr: str) -> Any:
-    try:
-        return int(expr)
-    except ValueError:
-        return expr
