@@ -1,0 +1,123 @@
+"""What a group kind needs, in one table per concern: every registered kind has an entry in
+each table, or an explicit NoEntry with the reason, and each consumer refuses a kind it
+has no entry for in one line naming the kind and the concern. The recipe for a new group
+kind (docs/architecture.md) is complete: a toy kind registered from a test goes through
+match, lifting and certify, each working or refusing it clearly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from symspec.errors import GroupError
+from symspec.groups import REGISTRY, NoEntry, has_entry, kind_entry
+
+from .toy_kinds import Cyc, registered
+
+
+def _tables() -> dict[str, dict[str, Any]]:
+    """Concern -> its table keyed by group kind (each imported where it lives)."""
+    from symspec.learned.parametrize import PARAMETRIZATIONS
+    from symspec.solvers import SOLVERS
+    from symspec.width.lifting import LIFTS
+
+    return {"weight-matching solver": SOLVERS, "learned parametrisation": PARAMETRIZATIONS, "lift": LIFTS}
+
+
+@pytest.mark.parametrize("concern", sorted(_tables()))
+def test_every_registered_kind_has_an_entry_or_says_why_not(concern: str) -> None:
+    table = _tables()[concern]
+    missing = sorted(set(REGISTRY) - set(table))
+    assert not missing, f"{concern}: no entry (nor a NoEntry with the reason) for the kind(s) {missing}"
+    stale = sorted(set(table) - set(REGISTRY))
+    assert not stale, f"{concern}: entries for kinds that are not registered: {stale}"
+    for kind, value in table.items():
+        if isinstance(value, NoEntry):
+            assert len(value.reason) > 20, f"{concern}: {kind}'s NoEntry needs a reason a user can act on"
+
+
+def test_kind_entry_refuses_a_missing_kind_and_a_no_entry_in_one_line() -> None:
+    table: dict[str, Any] = {"S": "solve", "RoPE": NoEntry("no permutations in a commutant")}
+    assert kind_entry(table, "S", "toy") == "solve" and has_entry(table, "S") and not has_entry(table, "RoPE")
+    with pytest.raises(GroupError, match=r"^no toy for group kind 'RoPE': no permutations in a commutant$"):
+        kind_entry(table, "RoPE", "toy")
+    with pytest.raises(GroupError, match=r"^x: no toy for group kind 'Cyc' \(Cyc\(3\)\): none registered \(kinds with one: S\)$"):
+        kind_entry(table, Cyc(3), "toy", prefix="x: ")
+
+
+# -- lifting -------------------------------------------------------------------------------------------
+
+def test_a_kind_without_a_lift_is_refused_naming_the_space_kind_and_reason() -> None:
+    """Experts has NoEntry in LIFTS: a wider expert is refused in one line (it once went
+    through the head lift and failed deep inside); the same model widened elsewhere is
+    the positive control (its experts unchanged lift by the identity)."""
+    from symspec.spec import load_spec
+    from symspec.width import LiftError, lift
+
+    from .zoo import ZOO
+
+    narrow, _ = ZOO["mixtral"]()
+    wide, _ = ZOO["mixtral"](seed=1, n_ff=8)
+    with pytest.raises(LiftError, match=r"^moe\[0\]: Experts\(4, S\(6\)\) -> Experts\(4, S\(8\)\): no lift for group kind "
+                                        r"'Experts': experts keep their number and width"):
+        lift(narrow, wide, load_spec("mixtral"))
+
+
+# -- the recipe: a toy kind registered from a test --------------------------------------------------------
+
+TOY_SPEC = """
+symspec: 1
+name: toy
+dims:
+  d: shape("fc1.weight", 1)
+  h: shape("fc1.weight", 0)
+  k: shape("fc2.weight", 0)
+spaces:
+  hid: Cyc(h)
+  hid2: S(k)
+params:
+  fc1.weight: [hid, _]
+  fc1.bias: [hid]
+  fc2.weight: [hid2, hid*]
+  fc2.bias: [hid2]
+  fc3.weight: [_, hid2*]
+  fc3.bias: invariant
+"""
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, h: int, k: int, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(d, h), nn.Linear(h, k), nn.Linear(k, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+@pytest.fixture
+def toy() -> Any:
+    from symspec.spec import loads_spec
+
+    with registered(Cyc):
+        yield loads_spec(TOY_SPEC, "toy.yaml")
+
+
+def test_the_toy_kind_is_a_valid_group(toy: Any) -> None:
+    from symspec.testing import check_group
+
+    check_group(Cyc(5))
+
+
+def test_lifting_the_toy_kind_works_where_it_keeps_its_width_and_is_refused_where_not(toy: Any) -> None:
+    from symspec.width import LiftError, lift
+
+    x = torch.randn(7, 3, dtype=torch.float64)
+    narrow = MLP(3, 5, 4, 0)
+    out = lift(narrow, MLP(3, 5, 6, 1), toy, inputs=x)  # hid (Cyc) unchanged, hid2 (S) wider
+    assert out.lifts["hid"].kind == "identity" and out.lifts["hid2"].kind == "semiperm" and out.error < 1e-12
+    with pytest.raises(LiftError, match=r"^hid: Cyc\(5\) -> Cyc\(7\): no lift for group kind 'Cyc': none registered"):
+        lift(narrow, MLP(3, 7, 4, 1), toy)
