@@ -44,14 +44,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 import numpy as np
 import torch
 
-from ..groups import DiagonalGroup, Element, Group, Heads, S
+from ..groups import DiagonalGroup, Element, Group, Heads, NoEntry, S, missing_entry
 from ..problem import Problem
 from ..solvers.convex import solve
 from ..solvers.engine.acting import transform
@@ -156,8 +156,12 @@ def space_bounds(problem: Problem, searched: Problem, canonical_a: Mapping[str, 
         else:
             terms = stats.terms(s)
             value = max(float(objective(si.group, terms, elems[s])), 0.0)
-            bound, kind, method = _linear_bound(group, terms, ctx)
-            sb = SpaceBound(s, name, kind, method, value, bound, _noise(terms, eps))
+            why = missing_entry(BOUNDS, group, "per-space bound")
+            if why is not None:
+                sb = SpaceBound(s, name, "not available", why)
+            else:
+                bound, kind, method = BOUNDS[group.kind](group, terms, ctx)
+                sb = SpaceBound(s, name, kind, method, value, bound, _noise(terms, eps))
         out.append(attrs.evolve(sb, seconds=time.perf_counter() - t0))
     return out
 
@@ -171,22 +175,36 @@ def _noise(terms: list[Term], eps: float = _EPS) -> float:
     return 16 * math.sqrt(n) * eps * scale
 
 
-def _linear_bound(group: Group, terms: list[Term], ctx: SolveContext) -> tuple[float, str, str]:
-    """(bound, kind, method) for a space whose terms are linear in its action."""
-    kind = group.kind
-    if kind in ("S", "SP", "Sign", "O", "OC"):
+#: (group, the space's terms, ctx) -> (bound, kind: exact | relaxation, method), for a space
+#: whose terms are linear in its action
+BoundFn = Callable[[Group, list[Term], SolveContext], tuple[float, str, str]]
+
+
+def _solved(method: str) -> BoundFn:
+    """Exact: the kind's own solver minimises a linear space's terms (where it refuses
+    them, e.g. abs terms under O: least squares)."""
+    def bound(group: Group, terms: list[Term], ctx: SolveContext) -> tuple[float, str, str]:
         try:
             e = solver_for(group).solve(group, terms, group.identity(dtype=torch.float64), ctx)
-        except SolverError:  # e.g. abs terms under O: fall back to least squares
-            return _lstsq_bound(terms), "relaxation", "least squares per term over all matrices"
-        how = {"S": "linear assignment", "SP": "signed assignment", "Sign": "sign of the trace",
-               "O": "Procrustes (SVD)", "OC": "Procrustes in the zero-mean subspace"}[kind]
-        return max(float(objective(group, terms, e)), 0.0), "exact", how
-    if isinstance(group, DiagonalGroup):
-        return _diagonal_bound(group, terms), "exact", "per unit: the roots of a quartic"
-    if isinstance(group, Heads):
-        return _heads_bound(group, terms)
+        except SolverError:
+            return _least_squares(group, terms, ctx)
+        return max(float(objective(group, terms, e)), 0.0), "exact", method
+
+    return bound
+
+
+def _least_squares(group: Group, terms: list[Term], ctx: SolveContext) -> tuple[float, str, str]:
     return _lstsq_bound(terms), "relaxation", "least squares per term over all matrices"
+
+
+def _diagonal(group: Group, terms: list[Term], ctx: SolveContext) -> tuple[float, str, str]:
+    assert isinstance(group, DiagonalGroup)
+    return _diagonal_bound(group, terms), "exact", "per unit: the roots of a quartic"
+
+
+def _heads(group: Group, terms: list[Term], ctx: SolveContext) -> tuple[float, str, str]:
+    assert isinstance(group, Heads)
+    return _heads_bound(group, terms)
 
 
 # -- least squares -----------------------------------------------------------------------------
@@ -333,6 +351,23 @@ def _heads_bound(group: Heads, terms: list[Term]) -> tuple[float, str, str]:
     dst = torch.arange(k)[:, None] * gs + torch.arange(gs)
     total += float(lq[dst, src].sum())
     return max(total, 0.0), "exact" if exact else "relaxation", ", ".join(sorted(methods)) + "; head assignment"
+
+
+#: group kind -> the per-space bound of a space whose terms are linear in its action (see the module)
+BOUNDS: dict[str, BoundFn | NoEntry] = {
+    "S": _solved("linear assignment"),
+    "SP": _solved("signed assignment"),
+    "Sign": _solved("sign of the trace"),
+    "O": _solved("Procrustes (SVD)"),
+    "OC": _solved("Procrustes in the zero-mean subspace"),
+    "D": _diagonal,
+    "Dpos": _diagonal,
+    "Heads": _heads,
+    "Experts": _heads,
+    "GL": _least_squares,
+    "RoPE": _least_squares,
+    "Id": NoEntry("the trivial group is never searched: there is nothing to bound"),
+}
 
 
 # -- a space on two axes of a parameter ----------------------------------------------------------

@@ -24,7 +24,7 @@ from .classic import GL, OC, SP, D, DiagonalGroup, Dpos, Id, O, RoPE, S, centred
 from .experts import Experts
 from .heads import Heads
 from .semiperm import SemiPermutation
-from .tables import NoEntry, has_entry, kind_entry
+from .tables import NoEntry, has_entry, kind_entry, missing_entry
 from .text import parse
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "has_entry",
     "kind_entry",
     "make_generator",
+    "missing_entry",
     "parse",
     "registry_summary",
 ]

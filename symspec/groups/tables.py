@@ -42,21 +42,29 @@ def has_entry(table: Mapping[str, object], kind: str) -> bool:
     return kind in table and not isinstance(table[kind], NoEntry)
 
 
-def kind_entry(table: Mapping[str, T | NoEntry], group: Group | str, concern: str, *,
-               error: type[Exception] = GroupError, prefix: str = "") -> T:
-    """The entry of ``group``'s kind in ``table``, or ``error`` (one line: ``prefix``, the
-    concern, the kind, and the table's reason or the kinds that have an entry)."""
+def missing_entry(table: Mapping[str, object], group: Group | str, concern: str, prefix: str = "") -> str | None:
+    """None when ``table`` serves ``group``'s kind; else the one line that says it does not:
+    ``prefix``, the concern, the kind, and the table's reason or the kinds that have an entry."""
     kind = group if isinstance(group, str) else group.kind
     value = table.get(kind)
     if value is not None and not isinstance(value, NoEntry):
-        return value
+        return None
     if isinstance(value, NoEntry):
         why = value.reason
     else:
         served = sorted(k for k in table if has_entry(table, k))
         why = f"none registered (kinds with one: {', '.join(served) or 'none'})"
     shown = "" if isinstance(group, str) or str(group) in prefix else f" ({group})"
-    raise error(f"{prefix}no {concern} for group kind '{kind}'{shown}: {why}")
+    return f"{prefix}no {concern} for group kind '{kind}'{shown}: {why}"
 
 
-__all__ = ["NoEntry", "has_entry", "kind_entry"]
+def kind_entry(table: Mapping[str, T | NoEntry], group: Group | str, concern: str, *,
+               error: type[Exception] = GroupError, prefix: str = "") -> T:
+    """The entry of ``group``'s kind in ``table``, or ``error`` with :func:`missing_entry`'s line."""
+    why = missing_entry(table, group, concern, prefix)
+    if why is not None:
+        raise error(why)
+    return table[group if isinstance(group, str) else group.kind]  # type: ignore[return-value]
+
+
+__all__ = ["NoEntry", "has_entry", "kind_entry", "missing_entry"]
