@@ -42,7 +42,7 @@ from .spec.model import Spec
 from .statedict import check_finite
 from .transforms import inverse_elements, sample_elements, transform_tensor
 from .transforms.apply import reversed_binding
-from .transforms.canonical import canonicalize_structure
+from .transforms.canonicalize import canonicalize_structure
 
 DEFAULT_RTOL: dict[str, float] = {"float64": 1e-9, "float32": 1e-4}
 DTYPES = {"float64": torch.float64, "float32": torch.float32}

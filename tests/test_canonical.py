@@ -17,7 +17,7 @@ from symspec.checker import canonicalize_inplace, copy_as
 from symspec.spec.schema import json_schema
 from symspec.spec.steps import STEP_KINDS
 from symspec.transforms import canonicalize_model, canonicalize_state_dict
-from symspec.transforms.canonical import canonicalize_structure
+from symspec.transforms.canonicalize import canonicalize_structure
 from tests.zoo import ZOO
 
 

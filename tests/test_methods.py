@@ -22,7 +22,7 @@ from symspec.alignment import (
     registered,
     unregister_method,
 )
-from symspec.alignment.methods import WeightMatching
+from symspec.alignment.builtin import WeightMatching
 from symspec.errors import SymspecInputError
 from symspec.transforms import canonicalize_state_dict
 from tests.cli_files import model_file, run, write_words

@@ -53,7 +53,7 @@ def _canonical_structure(model: torch.nn.Module, family: str) -> torch.nn.Module
     import copy
 
     from symspec.binding import bind
-    from symspec.transforms.canonical import canonicalize_structure
+    from symspec.transforms.canonicalize import canonicalize_structure
 
     out = copy.deepcopy(model)
     canonicalize_structure(bind(load_spec(family), out), out)

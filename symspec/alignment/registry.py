@@ -5,7 +5,9 @@ universe matching (each round aligns with a registered method), the barrier anal
 (``--align``), the CLI (``symspec match --method``) and the benchmarks. A method
 registered in this process, by :func:`register_method` or by an installed package that
 declares an entry point in the group ``symspec.methods`` (a :class:`Method`, or a
-callable returning one), is offered everywhere with no other change.
+callable returning one), is offered everywhere with no other change. symspec's own
+extensions (universe and learned matching, the width lift, certificates) register
+themselves the same way, from the group ``symspec.extensions``.
 
 >>> from symspec.alignment import get_method, method_names
 >>> "weight" in method_names() and get_method("weight").label
@@ -15,12 +17,17 @@ callable returning one), is offered everywhere with no other change.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
+from importlib.metadata import entry_points
 
 from ..errors import SymspecInputError, suggest
-from .method import Method
+from .builtin import BUILTIN
+from .protocol import Method
 
 ENTRY_POINT_GROUP = "symspec.methods"
+#: modules that extend alignment (methods, align() stages, the certifier) when imported
+EXTENSION_GROUP = "symspec.extensions"
 
 _METHODS: dict[str, Method] = {}
 _entry_points_loaded = False
@@ -60,38 +67,45 @@ def registered(method: Method) -> Iterator[Method]:
             _METHODS[method.name] = previous
 
 
-def _load_entry_points() -> None:
-    """The built-in methods, then the installed plugins' (once per process)."""
+def load_plugins() -> None:
+    """The built-in methods, then the extensions (entry-point group
+    ``symspec.extensions``: modules that register methods and align() hooks when imported,
+    :mod:`.hooks`), then the installed method plugins (``symspec.methods``); once per
+    process (a worker process of :mod:`symspec.runtime` too: it loads them on its first
+    method look-up)."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    from importlib.metadata import entry_points
-
-    from . import methods  # noqa: F401  (registers the built-in methods)
-
+    for ep in entry_points(group=EXTENSION_GROUP):
+        try:
+            ep.load()
+        except Exception as e:  # a broken extension must not take the built-in methods down
+            warnings.warn(f"symspec extension {ep.name!r} ({ep.value}) failed to load: {e}", stacklevel=2)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             obj = ep.load()
             register_method(obj if isinstance(obj, Method) else obj(), replace=False)
         except Exception as e:  # a broken plugin must not take the built-in methods down
-            import warnings
-
             warnings.warn(f"alignment method plugin {ep.name!r} ({ep.value}) failed to load: {e}", stacklevel=2)
 
 
 def method_names() -> list[str]:
     """The registered methods, in registration order (the built-in ones first)."""
-    _load_entry_points()
+    load_plugins()
     return list(_METHODS)
 
 
 def get_method(name: str) -> Method:
     """The method registered as ``name``; an unknown name is a one-line input error with
     the closest names."""
-    _load_entry_points()
+    load_plugins()
     if name not in _METHODS:
         hint = suggest(name, _METHODS)
         raise SymspecInputError(f"unknown alignment method '{name}'"
                                 + (f"; {hint}" if hint else f"; methods: {', '.join(_METHODS)}"))
     return _METHODS[name]
+
+
+for _method in BUILTIN:  # the built-in methods come first
+    register_method(_method)

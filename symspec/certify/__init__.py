@@ -10,10 +10,17 @@ bounds on the objective's global minimum over the searched group (``--certify``,
 
 A bound on a result, not a solver: it sits above the solvers and the alignment methods.
 See docs/matching.md.
+
+Names are imported on first use: registering the certifier with alignment
+(:mod:`.extension`, when methods are listed) does not import torch.
 """
 
-from .certificate import Certificate, certify
-from .joint import GRAM_LIMIT, JOINT_LIMIT, NEEDS_CVXPY, JointBound
-from .space import SpaceBound
+from __future__ import annotations
 
-__all__ = ["GRAM_LIMIT", "JOINT_LIMIT", "NEEDS_CVXPY", "Certificate", "JointBound", "SpaceBound", "certify"]
+from .._lazy import lazy_exports
+
+__getattr__, __all__ = lazy_exports(__name__, {
+    "Certificate": ".certificate", "certify": ".certificate", "certify_result": ".aligned",
+    "GRAM_LIMIT": ".joint", "JOINT_LIMIT": ".joint", "NEEDS_CVXPY": ".joint", "JointBound": ".joint",
+    "SpaceBound": ".space",
+})

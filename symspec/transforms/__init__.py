@@ -11,7 +11,7 @@ from .apply import (
     sample_elements,
     transform_tensor,
 )
-from .canonical import Unfolded, canonicalize_model, canonicalize_state_dict, unfold_norms
+from .canonicalize import Unfolded, canonicalize_model, canonicalize_state_dict, unfold_norms
 
 __all__ = [
     "Unfolded",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..alignment.method import Alignment, AlignOptions, Endpoint
+from ..alignment.protocol import Alignment, AlignOptions, Endpoint
 
 if TYPE_CHECKING:
     from ..problem import Problem

@@ -48,7 +48,7 @@ from ..groups import Group, Heads, NoEntry, RoPE, centred_basis, kind_entry, mak
 from ..groups.semiperm import SemiPermutation
 from ..problem import ParamBinding
 from ..spec.model import Spec
-from ..transforms.canonical import canonicalize_state_dict, canonicalize_structure
+from ..transforms.canonicalize import canonicalize_state_dict, canonicalize_structure
 
 
 class LiftError(SymspecInputError):

@@ -1,0 +1,132 @@
+"""The stages of :func:`symspec.align`, in order: bind both models and check that they fit
+one problem (:func:`bind_and_check`), bring them into canonical form
+(:func:`canonicalize`), restrict the searched groups (:func:`restrict`), give the method
+its endpoints (:func:`endpoints`), embed its elements back into the spec's groups
+(:func:`embed_elements`), transform B (:func:`transform_b`) and record it
+(:func:`record`). Extensions add stages before and after (:mod:`.hooks`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from ..binding import BoundSpec, bind
+from ..errors import SymspecInputError
+from ..groups import Element
+from ..problem import Problem
+from ..record import TransformRecord
+from ..solvers import Timer, embed, parse_restriction, restrict_problem
+from ..spec import load_spec
+from ..spec.model import Spec
+from ..statedict import check_finite, detached_state, element_to_cpu, widen
+from ..transforms import apply_elements, canonicalize_state_dict
+from .protocol import Alignment, Endpoint, Method
+from .result import canonical_module, mode_text
+
+ModelLike = torch.nn.Module | Mapping[str, torch.Tensor]
+
+
+def check_same_problem(ba: BoundSpec, bb: BoundSpec) -> None:
+    """Two bindings of one spec that must describe the same problem (same spaces, groups
+    and parameter shapes)."""
+    problems = ba.problem.differences(bb.problem, "in A", "in B")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise SymspecInputError(f"A and B do not fit one spec '{ba.spec.name}': " + "; ".join(problems[:5]) + more)
+
+
+def resolve_spec(spec: Spec | BoundSpec | str | Path) -> Spec | BoundSpec:
+    return spec if isinstance(spec, (Spec, BoundSpec)) else load_spec(spec)
+
+
+@attrs.define
+class Pair:
+    """The two models on their way through the pipeline."""
+
+    bound_a: BoundSpec
+    bound_b: BoundSpec
+    raw_a: dict[str, torch.Tensor]
+    raw_b: dict[str, torch.Tensor]
+    a: dict[str, torch.Tensor] = attrs.field(factory=dict)
+    b: dict[str, torch.Tensor] = attrs.field(factory=dict)
+
+
+def bind_and_check(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str | Path,
+                    config: Any, timer: Timer) -> Pair:
+    with timer("bind"):
+        spec_obj = resolve_spec(spec)
+        bound_a = spec_obj if isinstance(spec_obj, BoundSpec) else bind(spec_obj, model_a, config=config)
+        bound_b = bind(bound_a.spec, model_b, config=config)
+        check_same_problem(bound_a, bound_b)
+    pair = Pair(bound_a, bound_b, detached_state(model_a), detached_state(model_b))
+    with timer("check"):
+        check_finite(pair.raw_a, "A")
+        check_finite(pair.raw_b, "B")
+    return pair
+
+
+def canonicalize(pair: Pair, method: Method, timer: Timer, force: bool = False) -> None:
+    """Both models in canonical form, float16/bfloat16 widened to float32 (they come back
+    in their own dtype); a method that works on raw weights gets them widened only (unless
+    ``force``: B was lifted, and a lift writes canonical form)."""
+    wa, wb = widen(pair.raw_a), widen(pair.raw_b)
+    if not method.canonical and not force:
+        pair.a, pair.b = wa, wb
+        return
+    with timer("canonicalize"):
+        pair.a = canonicalize_state_dict(pair.bound_a, wa)
+        pair.b = canonicalize_state_dict(pair.bound_b, wb)
+    with timer("check"):
+        # the entries canonicalisation rewrote (a finite model can overflow when folded)
+        check_finite({k: v for k, v in pair.a.items() if v is not wa.get(k)}, "A (canonical form)")
+        check_finite({k: v for k, v in pair.b.items() if v is not wb.get(k)}, "B (canonical form)")
+
+
+def endpoints(pair: Pair, method: Method, model_a: ModelLike, model_b: ModelLike) -> tuple[Endpoint, Endpoint]:
+    if not method.needs_module:
+        return Endpoint(pair.a), Endpoint(pair.b)
+    if not isinstance(model_a, torch.nn.Module) or not isinstance(model_b, torch.nn.Module):
+        raise SymspecInputError(f"the method '{method.name}' runs the models: pass modules, not state dicts")
+    return (Endpoint(pair.a, canonical_module(pair.bound_a, model_a, pair.a, canonical=method.canonical)),
+            Endpoint(pair.b, canonical_module(pair.bound_b, model_b, pair.b, canonical=method.canonical)))
+
+
+def restrict(problem: Problem, groups: str | Mapping[str, str] | None) -> tuple[dict[str, str], Problem]:
+    """The searched group per space (``groups``: :mod:`symspec.solvers.engine.restrict`)
+    and the problem over them."""
+    modes = parse_restriction(groups, problem)
+    return modes, restrict_problem(problem, modes)
+
+
+def embed_elements(problem: Problem, searched: Problem, found: Alignment, dtype: torch.dtype) -> dict[str, Element]:
+    """The method's elements (in the searched groups) as elements of the spec's groups."""
+    return {s: embed(problem.spaces[s].group, searched.spaces[s].group, e, dtype) for s, e in found.elements.items()}
+
+
+def transform_b(pair: Pair, found: Alignment, elements: Mapping[str, Element]) -> dict[str, torch.Tensor]:
+    """B transformed by ``elements``: from the tensors the method already transformed when
+    it did (one per tie), else by applying the elements to canonical B."""
+    problem = pair.bound_a.problem
+    if found.aligned is None:
+        return apply_elements(problem, {s: element_to_cpu(e) for s, e in elements.items()}, pair.b)
+    aligned = dict(pair.b)  # what is left: the entries no space acts on
+    tie_of = {n: g for g in problem.ties for n in g}
+    for name in problem.params:
+        rep = next(n for n in tie_of.get(name, (name,)) if n in found.aligned)
+        aligned[name] = found.aligned[rep].to(device=pair.raw_b[name].device, dtype=pair.raw_b[name].dtype)
+    found.aligned = None
+    return aligned
+
+
+def record(bound: BoundSpec, method: Method, elements: Mapping[str, Element], searched: Mapping[str, str],
+            found: Alignment, modes: Mapping[str, str], work_dtype: torch.dtype) -> TransformRecord:
+    meta = {"method": method.name, "objective": found.history, "rounds": max(len(found.history) - 1, 0),
+            "converged": found.converged, "groups": mode_text(modes),
+            "dtype": str(work_dtype).removeprefix("torch."), **found.info}
+    return TransformRecord.of(bound, elements, canonical=method.canonical, searched=searched, meta=meta)
+
+
