@@ -55,8 +55,7 @@ from typing import Any
 import attrs
 import torch
 
-from ..groups import SP, S
-from ..groups.classic import Sign
+from ..groups import NoEntry, has_entry
 from ..problem import Problem
 from ..statedict import squared_distance
 from .joint import GRAM_LIMIT, JOINT_LIMIT, NEEDS_CVXPY, JointBound, joint_bounds
@@ -108,6 +107,27 @@ class Certificate:
         return max(cands) if cands else None
 
 
+_MIXES = "its elements mix a vector's entries: the decoupled bound keeps only norms"
+#: group kind -> how its elements move a vector's entries, where the decoupled bound uses it:
+#: "permutation" (sorted entries paired) or "signed permutation" (sorted magnitudes; |rho(g)|
+#: is a permutation, so an axis bound with abs() keeps its norm). A kind without an entry is
+#: bounded by norms alone, and an abs() axis it acts on makes the bound not available.
+ENTRYWISE: dict[str, str | NoEntry] = {
+    "S": "permutation",
+    "SP": "signed permutation",
+    "Sign": "signed permutation",
+    "O": NoEntry(_MIXES),
+    "OC": NoEntry(_MIXES),
+    "Heads": NoEntry(_MIXES + " (its within-head maps)"),
+    "Experts": NoEntry(_MIXES + " (its within-expert maps)"),
+    "Id": NoEntry("not modelled: a space held fixed (Id) is bounded by norms alone"),
+    "GL": NoEntry("not norm-preserving: no decoupled bound"),
+    "D": NoEntry("not norm-preserving: no decoupled bound"),
+    "Dpos": NoEntry("not norm-preserving: no decoupled bound"),
+    "RoPE": NoEntry("not norm-preserving: no decoupled bound"),
+}
+
+
 def _blockers(problem: Problem) -> list[str]:
     """Spaces whose group does not act by orthogonal matrices on some axis it binds."""
     out = []
@@ -116,7 +136,7 @@ def _blockers(problem: Problem) -> list[str]:
             for seg in ab.segments:
                 for f in seg.factors:
                     group = problem.spaces[f.space].group
-                    if not group.is_orthogonal(f.path) or (f.variance == "abs" and not isinstance(group, (S, SP, Sign))):
+                    if not group.is_orthogonal(f.path) or (f.variance == "abs" and not has_entry(ENTRYWISE, group.kind)):
                         out.append(f"{f.space} ({group})")
     return sorted(set(out))
 
@@ -124,7 +144,8 @@ def _blockers(problem: Problem) -> list[str]:
 def _permutation_only(problem: Problem, axes: Any) -> tuple[bool, bool]:
     """(every factor a permutation, every factor a signed permutation) on these axes."""
     groups = [problem.spaces[f.space].group for ab in axes for s in ab.segments for f in s.factors]
-    return all(isinstance(g, S) for g in groups), all(isinstance(g, (S, SP, Sign)) for g in groups)
+    moves = [ENTRYWISE.get(g.kind) for g in groups]
+    return all(m == "permutation" for m in moves), all(m in ("permutation", "signed permutation") for m in moves)
 
 
 def _upper(problem: Problem, axes: Any, a: torch.Tensor, b: torch.Tensor) -> tuple[float, str]:

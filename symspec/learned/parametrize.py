@@ -47,7 +47,7 @@ from typing import Any
 import attrs
 import torch
 
-from ..groups import Element, Group, Path, Variance
+from ..groups import Element, Group, Path, Variance, kind_entry
 from ..groups.classic import OC, centred_basis
 from ..groups.heads import Heads
 from ..solvers.engine.base import SolverError
@@ -125,9 +125,7 @@ def parametrization(*kinds: str) -> Callable[[Factory], Factory]:
 
 def parametrize(group: Group, start: Element, settings: ParamSettings) -> Param:
     """The learned element of ``group``, started at ``start``."""
-    factory = PARAMETRIZATIONS.get(group.kind)
-    if factory is None:
-        raise SolverError(f"no learned parametrisation for {group} (kinds with one: {', '.join(sorted(PARAMETRIZATIONS))})")
+    factory = kind_entry(PARAMETRIZATIONS, group, "learned parametrisation", error=SolverError)
     return factory(group, start, settings)
 
 

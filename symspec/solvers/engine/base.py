@@ -27,7 +27,7 @@ import attrs
 import torch
 
 from ...errors import SymspecInputError
-from ...groups import Element, Group, Path
+from ...groups import Element, Group, Path, kind_entry
 
 
 class SolverError(SymspecInputError):
@@ -493,10 +493,9 @@ def joint_solver(*pairs: tuple[str, str]) -> Callable[[JointFn], JointFn]:
 
 
 def solver_for(group: Group) -> SolverEntry:
-    entry = SOLVERS.get(group.kind)
-    if entry is None:
-        raise SolverError(f"no weight-matching solver for {group} (kinds with one: {', '.join(sorted(SOLVERS))})")
-    return entry
+    """The kind's entry in :data:`SOLVERS`; a kind without one (or with a NoEntry) is a
+    :class:`SolverError` naming the kind."""
+    return kind_entry(SOLVERS, group, "weight-matching solver", error=SolverError)
 
 
 def objective(group: Group, terms: list[Term], element: Element) -> torch.Tensor:
