@@ -259,11 +259,48 @@ def test_an_op_inference_cannot_read_stays_invariant() -> None:
     assert _groups(result)["mlp[i]"] == "S(f)"
 
 
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 6), nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)) * 2.0)  # the product the failing rule reads
+
+
+def test_a_node_no_rule_can_read_is_named_with_its_source_line_and_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule that raises leaves that node's axes invariant (never wrong), and says which
+    node, where in the user's code, and the error's message (as fx's Interpreter does)."""
+    from symspec.inference.walk_layers import LayerRules
+
+    model, x = _Scaled().eval(), torch.randn(3, 4)
+    control = infer(model, x)  # the control: the product is read, nothing is unreadable
+    assert control.passed and not any("could not read" in n for n in control.notes), control.notes
+
+    def fails(self: Any, n: Any, shape: Any) -> None:
+        raise ValueError("no rule for this product\n(second line)")
+
+    monkeypatch.setattr(LayerRules, "op_mul", fails)
+    result = infer(model, x)
+    assert result.passed, result.check.render()
+    note = next(n for n in result.notes if "could not read" in n)
+    line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if "the product the failing rule reads" in t)
+    assert "%mul" in note and "aten.mul" in note, note
+    assert f"test_infer.py:{line}, in forward" in note, note
+    assert "ValueError: no rule for this product (second line)" in note, note
+    assert "stay invariant" in note and "could not read" in result.yaml
+    # the evidence names the op and the message, where the classes it touched stay invariant
+    assert any("cannot read (mul (ValueError: no rule for this product" in why for _, why in result.unexplained) \
+        or any("cannot read (mul (ValueError" in e for s in result.spaces for e in s.evidence), result.unexplained
+
+
 def test_a_wrong_claim_is_shrunk_by_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """Evidence that overclaims (every class GL) is caught by the check, space by space."""
-    import symspec.inference.draft as draft
+    import symspec.inference.builder as builder
+    import symspec.inference.draft_spaces as draft_spaces
 
-    monkeypatch.setattr(draft, "largest", lambda tags: ("GL", []))
+    for module in (builder, draft_spaces):  # every class that evidence would narrow
+        monkeypatch.setattr(module, "largest", lambda tags: ("GL", []))
     model, inputs = ZOO["llama"]()
     result = infer(model, inputs)
     assert result.passed

@@ -24,26 +24,11 @@ from __future__ import annotations
 import attrs
 
 from ..problem import AxisBinding, Factor, ParamBinding, Problem, Site
+from .ops import EMBEDDING_WEIGHT, LAYER_IN, LAYER_OUT, ops_with
 from .trace import ModelGraph, Node
 
 #: ops that map features elementwise (the last axis keeps its meaning)
-ELEMENTWISE = {
-    "gelu", "relu", "silu", "tanh", "sigmoid", "dropout", "GELU", "ReLU", "SiLU", "Tanh", "Dropout", "Identity",
-    "clone", "alias",
-}
-
-#: linear-like ops -> (the weight's position among the arguments, the weight axis that
-#: becomes the output's last axis); ``call_module`` layers read their own weight (position None)
-_OUT = {
-    "Linear": (None, 0), "Embedding": (None, 1),
-    "linear": (1, 0), "addmm": (2, 1), "mm": (1, 1), "matmul": (1, 1), "embedding": (0, 1),
-}
-#: the position of the embedding table: aten.embedding(weight, ids) in exported graphs,
-#: F.embedding(ids, weight) in symbolically traced ones
-_EMBEDDING_WEIGHT = {"export": 0, "symbolic_trace": 1}
-#: linear-like ops -> (the weight's position, the weight axis that reads the input's
-#: last axis, the input's position)
-_IN = {"Linear": (None, 1, 0), "linear": (1, 1, 0), "addmm": (2, 0, 1), "mm": (1, 0, 0)}
+ELEMENTWISE = ops_with("site_elementwise")
 
 
 def find_sites(mg: ModelGraph, problem: Problem) -> tuple[Site, ...]:
@@ -84,11 +69,11 @@ def _axis(binding: ParamBinding, axis: int, dual: bool = False) -> AxisBinding |
 
 
 def _output_sites(mg: ModelGraph, problem: Problem, node: Node, pname: str, binding: ParamBinding) -> list[Site]:
-    if node.target not in _OUT:
+    if node.target not in LAYER_OUT:
         return []
-    position, axis = _OUT[node.target]
+    position, axis = LAYER_OUT[node.target]
     if node.target == "embedding":
-        position = _EMBEDDING_WEIGHT[mg.method]
+        position = EMBEDDING_WEIGHT[mg.method]
     if not _reads_at(mg, node, pname, position):
         return []
     ab = _axis(binding, axis)
@@ -105,9 +90,9 @@ def _output_sites(mg: ModelGraph, problem: Problem, node: Node, pname: str, bind
 
 
 def _input_sites(mg: ModelGraph, node: Node, pname: str, binding: ParamBinding) -> list[Site]:
-    if node.target not in _IN:
+    if node.target not in LAYER_IN:
         return []
-    position, axis, source = _IN[node.target]
+    position, axis, source = LAYER_IN[node.target]
     if not _reads_at(mg, node, pname, position):
         return []
     args = node.fx.args

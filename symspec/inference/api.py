@@ -15,15 +15,20 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import torch
 
+from ..checker import check
 from ..errors import SymspecInputError
+from ..graph import trace
 from ..progress import Step
-from .draft import Draft, build
+from ..spec import loads_spec
+from .builder import build
+from .draft import Draft
 from .render import render
 from .walk import Facts, read_graph
 
@@ -83,8 +88,6 @@ class InferResult:
 
 def read_model(model: torch.nn.Module, example_inputs: Any) -> Facts:
     """Trace ``model`` with torch.export and read the graph (:mod:`.walk`)."""
-    from ..graph import trace
-
     mg = trace(model, example_inputs, methods=("export",))
     if not mg.traced:
         hint = ""
@@ -122,9 +125,6 @@ def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = Non
     (nothing for a symmetry to act on) or a ``name`` that cannot be a spec's name
     (:func:`name_problem`) is refused with :class:`InferError`.
     """
-    from ..checker import check
-    from ..spec import loads_spec
-
     say = progress or (lambda msg: None)
     cls = type(model).__name__
     if next(iter(model.parameters()), None) is None:
@@ -141,63 +141,93 @@ def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = Non
     finally:
         model.train(was_training)
     say("reading the graph")
-    fold, center = True, True
-    draft = build(facts, model, name, fold=fold, center=center)
-    report = None
-    attempts = 0
-    history: dict[str, list[tuple[str, str, str]]] = {}
+    rounds = _Rounds(model, example_inputs, facts, name, say, dict(samples=samples, seed=seed, dtypes=dtypes))
     while True:
-        attempts += 1
-        _restore_history(draft, history)
-        text = render(draft, _header(draft))
-        spec = loads_spec(text, f"{name}.yaml")
+        spec, text = rounds.draft_spec()
         if not verify:
             break
-        say(f"checking the draft (round {attempts})")
-
-        def checking(msg: str, r: int = attempts) -> None:  # the check's steps, counted, within the round
-            say(Step.of(msg, f"round {r}: "))
-
-        try:
-            report = check(model, spec, example_inputs, samples=samples, seed=seed, dtypes=dtypes, progress=checking)
-        except SymspecInputError as e:
-            # a model that cannot run in float64 (a float32-only kernel) is checked in float32 alone
-            if "float64" not in dtypes or len(dtypes) == 1 or "in float64" not in str(e):
-                raise
-            dtypes = tuple(d for d in dtypes if d != "float64")
-            draft.notes.append(f"the model cannot run in float64 ({str(e).split(': ', 1)[-1][:160]}); "
-                               f"checked in {', '.join(dtypes)} only")
-            report = check(model, spec, example_inputs, samples=samples, seed=seed, dtypes=dtypes, progress=checking)
-        if report.passed or attempts >= max_rounds:
+        report = rounds.check(spec)
+        if report.passed or rounds.attempts >= max_rounds or not rounds.shrink(report):
             break
-        failed = {r.space.replace("[*]", "") for r in report.failed_rows()}
-        if "canonicalize" in failed:
-            why = next(r for r in report.failed_rows() if r.space == "canonicalize")
-            if center and draft.center:
-                center = False
-                draft.notes.append(f"mean-centring changed the function (max rel err {why.max_rel:.1e}): left out")
-            elif fold:
-                fold = False
-                draft.notes.append(f"folding the norms changed the function (max rel err {why.max_rel:.1e}): left out")
-            else:
-                break
-            history = {k: v.history for k, v in draft.spaces.items()}
-            draft = build(facts, model, name, fold=fold, center=center)
-            continue
-        targets = [s for s in failed if s in draft.spaces and draft.spaces[s].alive]
-        if not targets:  # only the 'all' row: shrink the largest group left
-            targets = [s for s, sp in draft.spaces.items() if sp.alive][:1]
-        if not targets:
-            break
-        for s in targets:
-            rows = [r for r in report.failed_rows() if r.space.replace("[*]", "") == s]
-            _shrink(draft.spaces[s], f"max rel err {max(r.max_rel for r in rows):.1e}" if rows else "with the others")
+    draft = rounds.draft
     spaces = [SpaceReport(sp.key(), sp.group_text(), list(sp.evidence),
                           [f"{a} -> {b}: {why}" for a, b, why in sp.history])
               for sp in draft.spaces.values() if sp.alive]
     gone = [(sp.key(), f"every group failed the check ({'; '.join(f'{a}: {w}' for a, _, w in sp.history)})")
             for sp in draft.spaces.values() if not sp.alive]
-    return InferResult(spec, text, spaces, list(draft.unexplained) + gone, list(draft.notes), report, draft, attempts)
+    return InferResult(spec, text, spaces, list(draft.unexplained) + gone, list(draft.notes), rounds.report, draft,
+                       rounds.attempts)
+
+
+class _Rounds:
+    """The rounds of :func:`infer`: write the draft, check it, shrink what failed (or drop
+    a canonicalisation that changed the function, rebuilding the draft without it)."""
+
+    def __init__(self, model: torch.nn.Module, inputs: Any, facts: Facts, name: str, say: Callable[[str], None],
+                 options: dict[str, Any]) -> None:
+        self.model, self.inputs, self.facts, self.name, self.say, self.options = model, inputs, facts, name, say, options
+        self.fold, self.center = True, True
+        self.draft = build(facts, model, name, fold=True, center=True)
+        self.report: Any = None
+        self.attempts = 0
+        self.history: dict[str, list[tuple[str, str, str]]] = {}
+
+    def draft_spec(self) -> tuple[Any, str]:
+        """The draft as it stands, written and read back (a new round)."""
+        self.attempts += 1
+        _restore_history(self.draft, self.history)
+        text = render(self.draft, _header(self.draft))
+        return loads_spec(text, f"{self.name}.yaml"), text
+
+    def check(self, spec: Any) -> Any:
+        r = self.attempts
+        self.say(f"checking the draft (round {r})")
+
+        def checking(msg: str) -> None:  # the check's steps, counted, within the round
+            self.say(Step.of(msg, f"round {r}: "))
+
+        try:
+            self.report = check(self.model, spec, self.inputs, progress=checking, **self.options)
+        except SymspecInputError as e:
+            # a model that cannot run in float64 (a float32-only kernel) is checked in float32 alone
+            dtypes = self.options["dtypes"]
+            if "float64" not in dtypes or len(dtypes) == 1 or "in float64" not in str(e):
+                raise
+            self.options["dtypes"] = dtypes = tuple(d for d in dtypes if d != "float64")
+            self.draft.notes.append(f"the model cannot run in float64 ({str(e).split(': ', 1)[-1][:160]}); "
+                                    f"checked in {', '.join(dtypes)} only")
+            self.report = check(self.model, spec, self.inputs, progress=checking, **self.options)
+        return self.report
+
+    def shrink(self, report: Any) -> bool:
+        """Shrink what failed; False when nothing is left to shrink."""
+        failed = {r.space.replace("[*]", "") for r in report.failed_rows()}
+        if "canonicalize" in failed:
+            return self._drop_canonicalization(next(r for r in report.failed_rows() if r.space == "canonicalize"))
+        draft = self.draft
+        targets = [s for s in failed if s in draft.spaces and draft.spaces[s].alive]
+        if not targets:  # only the 'all' row: shrink the largest group left
+            targets = [s for s, sp in draft.spaces.items() if sp.alive][:1]
+        if not targets:
+            return False
+        for s in targets:
+            rows = [r for r in report.failed_rows() if r.space.replace("[*]", "") == s]
+            _shrink(draft.spaces[s], f"max rel err {max(r.max_rel for r in rows):.1e}" if rows else "with the others")
+        return True
+
+    def _drop_canonicalization(self, why: Any) -> bool:
+        """Centring first, then folding: left out, and the draft rebuilt without it."""
+        if self.center and self.draft.center:
+            self.center = False
+            self.draft.notes.append(f"mean-centring changed the function (max rel err {why.max_rel:.1e}): left out")
+        elif self.fold:
+            self.fold = False
+            self.draft.notes.append(f"folding the norms changed the function (max rel err {why.max_rel:.1e}): left out")
+        else:
+            return False
+        self.history = {k: v.history for k, v in self.draft.spaces.items()}
+        self.draft = build(self.facts, self.model, self.name, fold=self.fold, center=self.center)
+        return True
 
 
 def _restore_history(draft: Draft, history: dict[str, list[tuple[str, str, str]]]) -> None:
@@ -234,8 +264,6 @@ def _shrink(sp: Any, why: str) -> None:
 
 
 def _default_name(model: torch.nn.Module) -> str:
-    import re
-
     cls = type(model).__name__
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z][a-z])|(?<=[a-z]{2})(?=[A-Z]{2})|(?<=[A-Z])(?=[A-Z][a-z])", "_", cls).lower() + "_inferred"
 

@@ -18,27 +18,58 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-ORDER = ("GL", "O", "OC", "SP", "S", "Id")
-_BELOW = {
-    "GL": {"GL", "O", "OC", "SP", "S", "Id"},
-    "O": {"O", "OC", "SP", "S", "Id"},
-    "OC": {"OC", "S", "Id"},
-    "SP": {"SP", "S", "Id"},
-    "S": {"S", "Id"},
-    "Id": {"Id"},
+import attrs
+
+
+@attrs.frozen
+class Candidate:
+    """What inference does with one group kind (see :data:`CANDIDATES`)."""
+
+    #: inference drafts this kind for a space (False: it never proposes it, and says so here)
+    proposed: bool
+    #: the kinds inference proposes that this one contains, itself included (the lattice
+    #: order among plain kinds; empty for a structured or never-proposed kind)
+    below: frozenset[str] = frozenset()
+    #: what the shrinking tries after this kind fails its check, in order (a structured
+    #: kind shrinks by its parts: a head group's QK then OV map, an expert group's units)
+    shrink: tuple[str, ...] = ()
+    #: the next larger kind (what a test shows fails where this one is inferred), or None
+    larger: str | None = None
+
+
+#: the candidate lattice, keyed by the group kind's registry name (symspec.groups.REGISTRY):
+#: plain classes take one of GL ⊃ O ⊃ {OC, SP} ⊃ S ⊃ Id (OC ∧ SP = S)
+CANDIDATES: dict[str, Candidate] = {
+    "GL": Candidate(True, frozenset({"GL", "O", "OC", "SP", "S", "Id"}), ("O", "S", "Id")),
+    "O": Candidate(True, frozenset({"O", "OC", "SP", "S", "Id"}), ("SP", "S", "Id"), larger="GL"),
+    "OC": Candidate(True, frozenset({"OC", "S", "Id"}), ("S", "Id"), larger="O"),
+    "SP": Candidate(True, frozenset({"SP", "S", "Id"}), ("S", "Id"), larger="O"),
+    "S": Candidate(True, frozenset({"S", "Id"}), ("Id",), larger="SP"),
+    "Id": Candidate(True, frozenset({"Id"})),
+    # scalings a gated unit (D) or a ReLU-like unit (Dpos) admits
+    "D": Candidate(True, shrink=("Dpos", "Id"), larger="GL"),
+    "Dpos": Candidate(True, shrink=("Id",), larger="D"),
+    # a head's QK map under rotary embeddings
+    "RoPE": Candidate(True, shrink=("Id",), larger="GL"),
+    # the global sign of the residual stream, where an odd function passes it
+    "Sign": Candidate(True, shrink=("Id",)),
+    "Heads": Candidate(True),
+    "Experts": Candidate(True),
 }
-#: what the shrinking tries after a group fails its check (the next smaller groups inference can justify)
-SHRINK = {"GL": ["O", "S", "Id"], "O": ["SP", "S", "Id"], "OC": ["S", "Id"], "SP": ["S", "Id"], "S": ["Id"], "Id": []}
-#: the next larger group of each (what a test shows fails)
-LARGER = {"O": "GL", "OC": "O", "SP": "O", "S": "SP", "D": "GL", "Dpos": "D", "RoPE": "GL"}
+#: the kinds a head group's QK or OV map takes in a draft
+HEAD_PARTS = frozenset({"GL", "O", "RoPE", "Id"})
+#: plain kinds from largest to smallest (where two are incomparable, the first found wins a meet)
+ORDER = ("GL", "O", "OC", "SP", "S", "Id")
 
 
-def leq(a: str, b: str) -> bool:
-    return a in _BELOW[b]
+def shrink_chain(kind: str, within: frozenset[str] | None = None) -> list[str]:
+    """What the shrinking tries after ``kind`` fails, kept to ``within`` where given."""
+    return [g for g in CANDIDATES[kind].shrink if within is None or g in within]
 
 
 def meet(a: str, b: str) -> str:
-    common = _BELOW[a] & _BELOW[b]
+    """The largest plain kind below both."""
+    common = CANDIDATES[a].below & CANDIDATES[b].below
     return next(g for g in ORDER if g in common)
 
 
