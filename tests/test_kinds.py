@@ -24,10 +24,11 @@ def _tables() -> dict[str, dict[str, Any]]:
     from symspec.certify.space import BOUNDS
     from symspec.learned.parametrize import PARAMETRIZATIONS
     from symspec.solvers import SOLVERS
+    from symspec.width.fit import FITS
     from symspec.width.lifting import LIFTS
 
     return {"weight-matching solver": SOLVERS, "learned parametrisation": PARAMETRIZATIONS, "lift": LIFTS,
-            "per-space bound": BOUNDS, "decoupled bound's entrywise moves": ENTRYWISE}
+            "fitted lift": FITS, "per-space bound": BOUNDS, "decoupled bound's entrywise moves": ENTRYWISE}
 
 
 @pytest.mark.parametrize("concern", sorted(_tables()))

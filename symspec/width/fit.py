@@ -40,8 +40,7 @@ import attrs
 import torch
 
 from ..binding import bind
-from ..groups import OC, SP, O, S
-from ..groups.classic import GL, D, Dpos
+from ..groups import NoEntry
 from ..spec.model import Spec
 from .assign import semiperm_assignment
 from .lifting import (
@@ -177,7 +176,7 @@ def _unit_vectors(problem: Any, sd: Mapping[str, torch.Tensor], space: str,
             if len(facs) == 2:
                 partner = facs[1].space
             found[key].append(t)
-    positive = partner is not None and isinstance(problem.spaces[partner].group, Dpos)
+    positive = partner is not None and FITS.get(problem.spaces[partner].group.kind) == "positive scaling"
     return UnitVectors(**{k: (torch.cat(v, 1) if v else None) for k, v in found.items()}, partner=partner,
                        positive=positive)
 
@@ -228,6 +227,27 @@ def fit_heads(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch
     return fitted[0]
 
 
+_NO_LIFT = "no lift of its width (see lifting.LIFTS): nothing to fit"
+#: group kind -> what the fitted lift fits in a space of that kind: the copies of "units"
+#: (assigned to A's units, their shares fitted), the scale of a "scaling" or "positive
+#: scaling" beside them, a "stiefel" residual map (from the matched element), the key/value
+#: copies of "heads"; the unit and scaling spaces are held fixed while the rest is matched
+FITS: dict[str, str | NoEntry] = {
+    "S": "units",
+    "SP": "units",
+    "D": "scaling",
+    "Dpos": "positive scaling",
+    "O": "stiefel",
+    "OC": "stiefel",
+    "GL": "stiefel",
+    "Heads": "heads",
+    "Sign": NoEntry("a global sign beside the units keeps any width: nothing to fit"),
+    "Id": NoEntry(_NO_LIFT),
+    "RoPE": NoEntry(_NO_LIFT),
+    "Experts": NoEntry(_NO_LIFT),
+}
+
+
 def fitted_lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, seed: int = 0, rounds: int = 2,
                 inputs: Any = None, data: Any = None, batches: int | None = 32,
                 progress: Callable[[str], None] | None = None) -> LiftResult:
@@ -245,7 +265,7 @@ def fitted_lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, s
     canon_a, canon_b = canonical_f64(ba, wide), canonical_f64(bb, narrow)
     method = "weight" if data is None else "activation"
     tuning = None if data is None else ActivationOptions(batches=batches)
-    units = {n for n, si in ba.problem.spaces.items() if isinstance(si.group, (S, SP, D, Dpos))}
+    units = {n for n, si in ba.problem.spaces.items() if FITS.get(si.group.kind) in ("units", "scaling", "positive scaling")}
     held = {ba.problem.spaces[n].decl: "fixed" for n in units}
     # activations run in A's module: B's lift takes A's dtype there (a traced model checks it)
     work = torch.float64 if data is None else next(iter(wide.parameters())).dtype
@@ -259,7 +279,7 @@ def fitted_lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, s
         for name, sl in current.lifts.items():
             group = res.bound.problem.spaces[name].group
             e = res.elements.get(name)
-            if e is None or not isinstance(group, (O, OC, GL)) or sl.kind not in ("stiefel", "identity"):
+            if e is None or FITS.get(group.kind) != "stiefel" or sl.kind not in ("stiefel", "identity"):
                 continue
             q = e["matrix"].double()
             base = sl.write / sl.detail["scale"] if sl.kind == "stiefel" else torch.eye(sl.narrow, dtype=torch.float64)
@@ -275,7 +295,7 @@ def fitted_lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, s
                 if ha is not None and hb is not None:
                     fixed.setdefault(name, {})["kv_semiperm"] = fit_heads(ha, hb)
                 continue
-            if sl.kind != "semiperm" or not isinstance(ba.problem.spaces[name].group, (S, SP)):
+            if sl.kind != "semiperm" or FITS.get(ba.problem.spaces[name].group.kind) != "units":
                 continue
             narrow_sd = _lift_all_but(bb.problem, canon_b, partial, name)
             bv = _unit_vectors(bb.problem, narrow_sd, name)
