@@ -54,10 +54,10 @@ def scope_variables(result: Any, chosen: list[str]) -> tuple[Any, dict[str, Any]
     offset = 0
     for s in chosen:
         kind, n, u, e0 = cj.variable(spaces[s].group)
-        variables[s] = cj._Var(s, kind, n, u, e0, offset)
+        variables[s] = cj.Var(s, kind, n, u, e0, offset)
         offset += n * n
     params = [p for p, pb in problem.params.items() if pb.spaces() & set(chosen)]
-    x = torch.cat([cj._value_of(v, problem.spaces[s].group, elems[s]).reshape(-1) for s, v in variables.items()])
+    x = torch.cat([cj.value_of(v, problem.spaces[s].group, elems[s]).reshape(-1) for s, v in variables.items()])
     return problem, elems, variables, params, x
 
 

@@ -319,12 +319,12 @@ def test_match_certify_without_cvxpy_says_what_it_could_not_bound(tmp_path: Any,
 #: SYMSPEC_TEST_HANG=1, never converge (only an interrupt ends them)
 SLOW_SCS = """
 import os, sys
-from symspec.certify import joint as certify_joint
+from symspec.certify import sdp
 from symspec.solvers import convex
 real = convex.solve
 def solve(prob, solver, **opts):
     if os.environ.get("SYMSPEC_TEST_HANG") and solver == "SCS":
-        certify_joint.SCS_ITERS = opts["max_iters"] = 10**9
+        sdp.SCS_ITERS = opts["max_iters"] = 10**9
         opts["eps"] = 1e-300
     print("solving", file=sys.stderr, flush=True)
     return real(prob, solver, **opts)
@@ -407,11 +407,11 @@ def test_a_failed_scs_solve_is_retried_with_clarabel_only_where_it_fits(monkeypa
 def test_an_inaccurate_sdp_solve_still_gives_a_valid_bound(monkeypatch: Any) -> None:
     """The joint bound is certified by weak duality with the multipliers the solver
     returns: three SCS iterations give a loose bound, never a wrong one."""
-    import symspec.certify.joint as cj
+    import symspec.certify.sdp as sdp
 
     spec = loads_spec(REC_SPEC, "rec.yaml")
     result = align(Rec(5, 0), Rec(5, 1), spec)
-    monkeypatch.setattr(cj, "SCS_ITERS", 3)
+    monkeypatch.setattr(sdp, "SCS_ITERS", 3)
     loose = result.certify(per_space=False).joint[0].bound
     assert 0 <= loose < _brute_space(result, "hid") - 1.0
 

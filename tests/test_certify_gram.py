@@ -138,12 +138,12 @@ def test_rounding_the_relaxation_proves_a_result_suboptimal() -> None:
 def test_an_inaccurate_gram_solve_still_gives_a_valid_bound(monkeypatch: Any) -> None:
     """Certified by weak duality with the solver's multipliers: three SCS iterations give
     a looser bound, never one above the optimum."""
-    import symspec.certify.joint as cj
+    import symspec.certify.sdp as sdp
 
     spec = loads_spec(RES_SPEC, "res.yaml")
     result = align(ResMLP(3, 5, 4), ResMLP(3, 5, 5), spec)
     good = result.certify(per_space=False, joint_limit=0).joint[0].bound
-    monkeypatch.setattr(cj, "SCS_ITERS", 3)
+    monkeypatch.setattr(sdp, "SCS_ITERS", 3)
     loose = result.certify(per_space=False, joint_limit=0).joint[0].bound
     assert loose <= _brute(result) + 1e-9
     assert loose < good - 1e-3
