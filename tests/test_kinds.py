@@ -22,13 +22,15 @@ def _tables() -> dict[str, dict[str, Any]]:
     """Concern -> its table keyed by group kind (each imported where it lives)."""
     from symspec.certify.certificate import ENTRYWISE
     from symspec.certify.space import BOUNDS
+    from symspec.inference.lattice import CANDIDATES
     from symspec.learned.parametrize import PARAMETRIZATIONS
     from symspec.solvers import SOLVERS
     from symspec.width.fit import FITS
     from symspec.width.lifting import LIFTS
 
     return {"weight-matching solver": SOLVERS, "learned parametrisation": PARAMETRIZATIONS, "lift": LIFTS,
-            "fitted lift": FITS, "per-space bound": BOUNDS, "decoupled bound's entrywise moves": ENTRYWISE}
+            "fitted lift": FITS, "per-space bound": BOUNDS, "decoupled bound's entrywise moves": ENTRYWISE,
+            "inference candidate": CANDIDATES}
 
 
 @pytest.mark.parametrize("concern", sorted(_tables()))
