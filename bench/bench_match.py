@@ -20,7 +20,7 @@ find, the hardest assignments) and ``related`` (B = g.A + noise: A's canonical f
 moved by a random element g of the full group, plus Gaussian noise of 0.5x each weight's
 spread, like two fine-tunes of one model that were re-parametrised; matching-like costs).
 
-Every case runs ``symspec.match.weight_match`` (what ``symspec match`` calls) with a
+Every case runs ``symspec.align(..., method="weight")`` (what ``symspec match`` calls) with a
 fixed number of rounds (tol 0), in a fresh subprocess. Reported per case: seconds per
 phase; peak memory as the growth of the resident set (VmHWM, reset after the imports)
 over the process before the models were built, divided by the size of the two models;
@@ -155,7 +155,7 @@ def _floor(result: Any, config: dict[str, int]) -> dict[str, float]:
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from symspec.match import weight_match
+    import symspec
     from symspec.solvers import WeightOptions
 
     threads = torch.get_num_threads()
@@ -169,9 +169,9 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     model_bytes = sum(p.numel() * p.element_size() for m in (a, b) for p in {id(q): q for q in m.parameters()}.values())
     t0 = time.perf_counter()
     cpu0 = _cpu_seconds()
-    result = weight_match(a, b, "nanogpt", groups=case["groups"], rounds=case["rounds"], tol=0.0,
-                          device=case.get("device", "cpu"), dtype=torch.float32, keep_canonical_b=False,
-                          options=WeightOptions(lap_workers=case.get("lap_workers", 1), overlap=case.get("overlap", True)))
+    result = symspec.align(a, b, "nanogpt", method="weight", groups=case["groups"], rounds=case["rounds"], tol=0.0,
+                           device=case.get("device", "cpu"), dtype=torch.float32, keep_canonical_b=False,
+                           options=WeightOptions(lap_workers=case.get("lap_workers", 1), overlap=case.get("overlap", True)))
     wall = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0
     peak_kb = _status_kb("VmHWM")
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         scaling = {"rounds": 2, "points": ok, "fit": _fit([p["layers"] for p in ok], [p["seconds_per_round"] for p in ok]) if len(ok) > 1 else {}}
     machine: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()}
     report: dict[str, Any] = {
-        "benchmark": "weight matching (symspec.match.weight_match)",
+        "benchmark": "weight matching (symspec.align, method=\"weight\")",
         "command": "python bench/bench_match.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine,
         "targets": {"gpt2-small full 5 rounds seconds": 60, "peak x two models": 3},

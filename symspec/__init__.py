@@ -32,8 +32,6 @@ _EXPORTS = {
     "AlignResult": "symspec.alignment",
     "method_names": "symspec.alignment",
     "register_method": "symspec.alignment",
-    "weight_match": "symspec.match",
-    "MatchResult": "symspec.match",
     "universe_match": "symspec.universe",
     "UniverseResult": "symspec.universe",
     "apply_elements": "symspec.transforms",
@@ -57,8 +55,8 @@ _EXPORTS = {
 # submodule sets it as an attribute of the package, which would shadow a function
 # exported under the same name.
 _SUBMODULES = ("groups", "spec", "testing", "transforms", "graph", "problem", "errors", "loading",
-               "binding", "checker", "alignment", "match", "universe", "record", "solvers", "analyzers",
-               "inference", "width")
+               "binding", "checker", "alignment", "universe", "record", "solvers", "analyzers",
+               "inference", "width", "learned", "certify", "canonical", "data", "runtime")
 
 __getattr__, _names = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 __all__ = [*_names, "__version__"]

@@ -27,7 +27,8 @@ def test_exports_are_not_shadowed_by_submodules() -> None:
     assert clashes == []
     assert callable(symspec.check) and symspec.check.__module__ == "symspec.checker"
     assert callable(symspec.bind) and symspec.bind.__module__ == "symspec.binding"
-    assert callable(symspec.weight_match) and callable(symspec.universe_match)
+    assert callable(symspec.align) and callable(symspec.universe_match)
+    assert not hasattr(symspec, "weight_match")  # one public way to align: symspec.align
 
 
 def test_no_export_is_named_like_a_module() -> None:

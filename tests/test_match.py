@@ -1,5 +1,5 @@
 """Weight matching end to end: planted recovery for every spec, monotone descent, the
-permutation-only ablation, wrong specs, and the input errors of weight_match."""
+permutation-only ablation, wrong specs, and the input errors of symspec.align(..., method="weight")."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import symspec
+from symspec.alignment import weight_distance
 from symspec.binding import bind
 from symspec.errors import SymspecInputError
-from symspec.match import interpolate_state_dicts, weight_distance, weight_match
 from symspec.solvers import WeightOptions
 from symspec.spec import builtin_names
+from symspec.statedict import interpolate_state_dicts
 from symspec.transforms import (
     apply_elements,
     canonicalize_model,
@@ -52,7 +53,7 @@ def planted(name: str, seed: int = 0, **kw: Any) -> tuple[torch.nn.Module, torch
 
 def assert_recovers(name: str, seed: int = 0, **kw: Any) -> None:
     a, b, bound, g = planted(name, seed, **kw)
-    res = weight_match(a, b, bound.spec, rounds=30, tol=1e-12)
+    res = symspec.align(a, b, bound.spec, method="weight", rounds=30, tol=1e-12)
     problem = bound.problem
     for p in problem.params:
         want, got = res.canonical_a[p], res.aligned_b[p]
@@ -111,8 +112,8 @@ def test_planted_recovery_property(case: tuple[str, int, dict[str, int]]) -> Non
 def test_objective_decreases_monotonically_and_full_beats_permutations(name: str) -> None:
     a, _ = build(name, seed=0)
     b, _ = build(name, seed=1)
-    full = weight_match(a, b, name, rounds=6, tol=0.0)
-    perm = weight_match(a, b, name, groups="perm", rounds=6, tol=0.0)
+    full = symspec.align(a, b, name, method="weight", rounds=6, tol=0.0)
+    perm = symspec.align(a, b, name, method="weight", groups="perm", rounds=6, tol=0.0)
     for res in (full, perm):
         h = res.history
         assert len(h) >= 2 and h[1] < h[0]
@@ -126,7 +127,7 @@ def test_aligned_model_keeps_the_function_of_b() -> None:
     # aligning only re-parametrises B: the canonical module with aligned weights computes B
     a, _ = build("nanogpt", seed=0)
     b, inputs = build("nanogpt", seed=1)
-    res = weight_match(a, b, "nanogpt", rounds=3)
+    res = symspec.align(a, b, "nanogpt", method="weight", rounds=3)
     m = res.canonical_model
     assert m is not None and type(m) is type(a)
     m.load_state_dict(res.aligned_b)
@@ -141,7 +142,7 @@ def test_inputs_are_not_modified() -> None:
     b, _ = build("gpt2", seed=1)
     before = {k: v.clone() for k, v in b.state_dict().items()}
     before_a = {k: v.clone() for k, v in a.state_dict().items()}
-    weight_match(a, b, "gpt2", rounds=2)
+    symspec.align(a, b, "gpt2", method="weight", rounds=2)
     assert all(torch.equal(before[k], v) for k, v in b.state_dict().items())
     assert all(torch.equal(before_a[k], v) for k, v in a.state_dict().items())
 
@@ -159,15 +160,15 @@ def test_inputs_are_not_modified() -> None:
 def test_a_wrong_spec_does_not_recover_a_planted_pair(what: str, replacements: tuple[tuple[str, str], ...]) -> None:
     a, b, _, _ = planted("nanogpt", seed=2)
     wrong = variant("nanogpt", *replacements)
-    res = weight_match(a, b, wrong, rounds=10)
-    ref = weight_match(a, b, "nanogpt", rounds=10)
+    res = symspec.align(a, b, wrong, method="weight", rounds=10)
+    ref = symspec.align(a, b, "nanogpt", method="weight", rounds=10)
     assert ref.distance() <= 1e-12 * ref.distance("canonical")
     assert res.distance() > 1e-3 * res.distance("canonical"), what
 
 
 def test_permutations_alone_cannot_undo_a_planted_rotation() -> None:
     a, b, _, _ = planted("nanogpt", seed=4)
-    perm = weight_match(a, b, "nanogpt", groups="perm", rounds=10)
+    perm = symspec.align(a, b, "nanogpt", method="weight", groups="perm", rounds=10)
     assert perm.distance() > 1e-2 * perm.distance("canonical")
     assert perm.record.searched["resid"] == "S(8)"
     assert perm.record.groups["resid"] == "OC(8)"  # the record names the spec's group
@@ -178,14 +179,14 @@ def test_permutations_alone_cannot_undo_a_planted_rotation() -> None:
 
 def test_per_space_restrictions() -> None:
     a, b, _, _ = planted("nanogpt", seed=5)
-    res = weight_match(a, b, "nanogpt", groups="perm,resid=full,attn=full", rounds=20, tol=1e-12)
+    res = symspec.align(a, b, "nanogpt", method="weight", groups="perm,resid=full,attn=full", rounds=20, tol=1e-12)
     assert res.distance() <= 1e-12 * res.distance("canonical")
-    fixed = weight_match(a, b, "nanogpt", groups="full,ff=fixed", rounds=5)
+    fixed = symspec.align(a, b, "nanogpt", method="weight", groups="full,ff=fixed", rounds=5)
     assert all(torch.equal(fixed.elements[s]["perm"], torch.arange(12)) for s in ("ff[0]", "ff[1]"))
     with pytest.raises(SymspecInputError, match="did you mean 'perm'"):
-        weight_match(a, b, "nanogpt", groups="prem")
+        symspec.align(a, b, "nanogpt", method="weight", groups="prem")
     with pytest.raises(SymspecInputError, match="no space 'mlp'"):
-        weight_match(a, b, "nanogpt", groups="mlp=perm")
+        symspec.align(a, b, "nanogpt", method="weight", groups="mlp=perm")
 
 
 # -- input errors ---------------------------------------------------------------------------
@@ -196,10 +197,10 @@ def test_models_that_do_not_fit_one_spec() -> None:
     b, _ = build("nanogpt", seed=1, n_ff=16)
     # a B wider than A: models of different widths are aligned with the wider one as A
     with pytest.raises(SymspecInputError, match=r"A is narrower than B in ff\[0\] \(12 < 16\)"):
-        weight_match(a, b, "nanogpt")
+        symspec.align(a, b, "nanogpt", method="weight")
     v, _ = build("vit", seed=0)
     with pytest.raises(SymspecInputError, match="does not fit"):
-        weight_match(a, v, "nanogpt")
+        symspec.align(a, v, "nanogpt", method="weight")
 
 
 def test_non_finite_weights_are_refused() -> None:
@@ -208,15 +209,15 @@ def test_non_finite_weights_are_refused() -> None:
     with torch.no_grad():
         b.transformer.h[1].mlp.c_fc.weight[0, 0] = float("nan")
     with pytest.raises(SymspecInputError, match=r"model B has NaN or inf weights in transformer\.h\.1\.mlp\.c_fc\.weight"):
-        weight_match(a, b, "nanogpt")
+        symspec.align(a, b, "nanogpt", method="weight")
 
 
 def test_state_dict_inputs_and_helpers() -> None:
     a, _ = build("nanogpt", seed=0)
     b, _ = build("nanogpt", seed=1)
-    res = weight_match(a.state_dict(), b.state_dict(), "nanogpt", config=a.config, rounds=3)
+    res = symspec.align(a.state_dict(), b.state_dict(), "nanogpt", method="weight", config=a.config, rounds=3)
     assert res.canonical_model is None
-    ref = weight_match(a, b, "nanogpt", rounds=3)
+    ref = symspec.align(a, b, "nanogpt", method="weight", rounds=3)
     assert res.history == pytest.approx(ref.history)
     mid = interpolate_state_dicts(res.canonical_a, res.aligned_b, 0.25)
     p = "transformer.h.0.mlp.c_fc.weight"
@@ -230,7 +231,7 @@ def test_progress_events() -> None:
     a, _ = build("nanogpt", seed=0)
     b, _ = build("nanogpt", seed=1)
     events: list[Any] = []
-    res = weight_match(a, b, "nanogpt", rounds=2, tol=0.0, progress=events.append)
+    res = symspec.align(a, b, "nanogpt", method="weight", rounds=2, tol=0.0, progress=events.append)
     kinds = [e.kind for e in events]
     assert kinds[0] == "start" and kinds.count("round") == len(res.history) - 1
     spaces = {e.space for e in events if e.kind == "space"}
@@ -242,8 +243,8 @@ def test_without_canonical_b_the_aligned_weights_are_the_same() -> None:
     a, _ = build("opt", seed=0)
     b, _ = build("opt", seed=1)
     before = {k: v.clone() for k, v in b.state_dict().items()}
-    keep = weight_match(a, b, "opt", rounds=3)
-    lean = weight_match(a, b, "opt", rounds=3, keep_canonical_b=False)
+    keep = symspec.align(a, b, "opt", method="weight", rounds=3)
+    lean = symspec.align(a, b, "opt", method="weight", rounds=3, keep_canonical_b=False)
     assert lean.canonical_b is None and lean.history == pytest.approx(keep.history)
     assert lean.distance("canonical") == pytest.approx(keep.distance("canonical"))
     for k, v in keep.aligned_b.items():
@@ -258,14 +259,14 @@ def test_assignments_in_threads_give_the_same_result() -> None:
     # order, so the result is the one of lap_workers=1, bit for bit
     a, _ = build("nanogpt", seed=0, n_layer=4, n_ff=24)
     b, _ = build("nanogpt", seed=1, n_layer=4, n_ff=24)
-    one = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, options=WeightOptions(lap_workers=1))
-    three = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, options=WeightOptions(lap_workers=3))
+    one = symspec.align(a, b, "nanogpt", method="weight", rounds=3, tol=0.0, options=WeightOptions(lap_workers=1))
+    three = symspec.align(a, b, "nanogpt", method="weight", rounds=3, tol=0.0, options=WeightOptions(lap_workers=3))
     assert one.history[-1] < one.history[0]
     assert one.history == three.history
     for p, v in one.aligned_b.items():
         assert torch.equal(v, three.aligned_b[p]), p
     with pytest.raises(SymspecInputError, match="lap_workers"):
-        weight_match(a, b, "nanogpt", rounds=1, options=WeightOptions(lap_workers=0))
+        symspec.align(a, b, "nanogpt", method="weight", rounds=1, options=WeightOptions(lap_workers=0))
 
 
 def test_overlapped_head_solves_give_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -307,12 +308,12 @@ def test_overlapped_head_solves_give_the_same_result(monkeypatch: pytest.MonkeyP
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # overlap needs torch's threads <= the solvers' (1) + 1
     try:
-        on = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, options=WeightOptions(overlap=True))
+        on = symspec.align(a, b, "nanogpt", method="weight", rounds=3, tol=0.0, options=WeightOptions(overlap=True))
         assert torch.get_num_threads() == 2  # restored
         assert in_worker and all(in_worker)
         assert not recomputed
         in_worker.clear()
-        off = weight_match(a, b, "nanogpt", rounds=3, tol=0.0, options=WeightOptions(overlap=False))
+        off = symspec.align(a, b, "nanogpt", method="weight", rounds=3, tol=0.0, options=WeightOptions(overlap=False))
         assert in_worker and not any(in_worker)
     finally:
         torch.set_num_threads(before)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from symspec.match import weight_match
+import symspec
 from tests.test_match_cli import MODEL_FILE, run
 from tests.zoo import EXAMPLES, ZOO
 
@@ -94,7 +94,7 @@ def test_hugging_face_folders_keep_their_dtype(tmp_path: Path, dtype: torch.dtyp
 def test_weight_match_returns_each_inputs_dtype(dtype: torch.dtype) -> None:
     a, _ = ZOO["llama"](seed=0)
     b, _ = ZOO["llama"](seed=1)
-    res = weight_match(a.to(dtype), b.to(dtype), "llama", rounds=3)
+    res = symspec.align(a.to(dtype), b.to(dtype), "llama", method="weight", rounds=3)
     for sd in (res.canonical_a, res.canonical_b, res.aligned_b):
         assert sd is not None
         assert {v.dtype for v in sd.values() if v.is_floating_point()} == {dtype}

@@ -14,9 +14,10 @@ import copy
 import pytest
 import torch
 
+import symspec
 from analyzers.testing import planted_pair
+from symspec.alignment import AlignResult
 from symspec.groups import GL
-from symspec.match import MatchResult, weight_match
 from symspec.solvers.engine.acting import transform
 from symspec.solvers.engine.base import SolveContext
 from symspec.solvers.engine.descent import Descent
@@ -44,7 +45,7 @@ def planted_float32(name: str, spec: str, scale: float = 1.0) -> tuple[torch.nn.
     return pair.module, b
 
 
-def b_norm_sq(res: MatchResult) -> float:
+def b_norm_sq(res: AlignResult) -> float:
     return sum(float(res.aligned_b[p].double().square().sum()) for p in res.bound.problem.params)
 
 
@@ -55,7 +56,7 @@ def test_objective_near_zero_is_exact_and_never_negative(name: str, spec: str, s
     # "large": ||A||^2 ~ 1e6 with a planted distance ~0.1 after matching, where the old
     # float32 cancellation printed -0.008 (the distance is positive)
     a, b = planted_float32(name, spec, scale)
-    res = weight_match(a, b, spec, rounds=20, tol=0.0, keep_canonical_b=keep)
+    res = symspec.align(a, b, spec, method="weight", rounds=20, tol=0.0, keep_canonical_b=keep)
     assert res.converged
     assert all(h >= 0 for h in res.history), res.history
     assert res.history[-1] < 1e-9 * res.history[0]  # the pair was found: near zero
@@ -66,10 +67,10 @@ def test_objective_near_zero_is_exact_and_never_negative(name: str, spec: str, s
     assert abs(res.history[-1] - dist) <= EPS32**2 * b_norm_sq(res), (res.history[-1], dist)
 
 
-def engine_for(name: str, spec: str, scale: float = 1.0) -> tuple[Descent, MatchResult]:
+def engine_for(name: str, spec: str, scale: float = 1.0) -> tuple[Descent, AlignResult]:
     """A float32 descent on a planted pair's canonical weights, at the solution found."""
     a, b = planted_float32(name, spec, scale)
-    res = weight_match(a, b, spec, rounds=20, tol=0.0)
+    res = symspec.align(a, b, spec, method="weight", rounds=20, tol=0.0)
     assert res.canonical_b is not None
     ctx = SolveContext(dtype=torch.float32)
     stats = WeightStatistics(res.bound.problem, res.canonical_a, res.canonical_b, ctx, res.elements)

@@ -10,7 +10,6 @@ import torch
 
 import symspec
 from symspec.binding import bind
-from symspec.match import weight_match
 from symspec.record import INDEX, TENSORS, RecordError, TransformRecord
 from symspec.transforms import apply_elements, canonicalize_state_dict, sample_elements
 from tests.zoo import ZOO
@@ -36,7 +35,7 @@ def close(x: dict[str, torch.Tensor], y: dict[str, torch.Tensor], atol: float = 
 @pytest.mark.parametrize("name", ["nanogpt", "llama", "opt", "bert"])  # chains (opt, llama), sign (bert), GQA + RoPE (llama)
 def test_saved_record_reapplies_to_b_and_inverts(name: str, tmp_path: Path) -> None:
     a, b = pair(name)
-    res = weight_match(a, b, name, rounds=3)
+    res = symspec.align(a, b, name, method="weight", rounds=3)
     path = res.record.save(tmp_path)
     assert path == tmp_path / TENSORS and (tmp_path / INDEX).exists()
     index = json.loads((tmp_path / INDEX).read_text())
@@ -76,7 +75,7 @@ def test_record_of_a_planted_pair_is_the_inverse_transform(tmp_path: Path) -> No
 
 def test_records_refuse_models_of_another_spec_and_broken_files(tmp_path: Path) -> None:
     a, b = pair("nanogpt")
-    res = weight_match(a, b, "nanogpt", rounds=1)
+    res = symspec.align(a, b, "nanogpt", method="weight", rounds=1)
     res.record.save(tmp_path)
     rec = TransformRecord.load(tmp_path)
     v, _ = ZOO["vit"](seed=0)

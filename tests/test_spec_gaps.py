@@ -30,7 +30,6 @@ from torch import nn
 import symspec
 from symspec.binding import bind
 from symspec.errors import BindError, SpecError
-from symspec.match import weight_match
 from symspec.problem import HeadMajor, Segment
 from symspec.spec import dump_spec, loads_spec, parse_axis
 from symspec.spec.model import AxisSyntaxError
@@ -402,7 +401,7 @@ def test_weight_matching_recovers_a_planted_head_major_pair() -> None:
     g = sample_elements(bound.problem, seed=5)
     b = HeadMajorNet(4, 2).double()
     b.load_state_dict(apply_elements(bound.problem, g, model.state_dict()))
-    res = weight_match(model, b, spec, rounds=30, tol=1e-12)
+    res = symspec.align(model, b, spec, method="weight", rounds=30, tol=1e-12)
     for p in bound.problem.params:
         assert torch.allclose(res.aligned_b[p], res.canonical_a[p], atol=1e-6, rtol=0), p
     assert res.history[-1] <= 1e-12 * res.history[0]
