@@ -1,7 +1,10 @@
 """The one spec writer (symspec.spec.write.dump_spec): ``loads_spec(dump_spec(s)) == s`` for
-the built-in specs with any names, docs and comments, and for the specs inference builds."""
+the built-in and inferred specs with any names, docs and comments, and inference builds
+the spec its YAML reads back as."""
 
 from __future__ import annotations
+
+import functools
 
 import attrs
 import pytest
@@ -9,7 +12,7 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from symspec.spec import builtin_names, dump_spec, load_spec, loads_spec
+from symspec.spec import Spec, builtin_names, dump_spec, load_spec, loads_spec
 from symspec.spec.write import scalar
 
 #: text that YAML reads specially, at a scalar's start or inside it
@@ -19,11 +22,19 @@ _TEXT = st.lists(st.one_of(st.sampled_from(_SPECIALS), st.text(max_size=4)), max
 _NAME = _TEXT.filter(lambda s: bool(s.strip()) and s.isprintable())
 
 
+@functools.cache
+def _inferred() -> tuple[Spec, ...]:
+    """Specs inference drafts for the small test models (unchecked: the spec, not its truth)."""
+    from symspec.inference import infer
+
+    return tuple(infer(*_tiny_model(name), verify=False).spec for name in ("tiny", "tiny_mystery", "hash_moe"))
+
+
 @st.composite
 def specs(draw: st.DrawFn) -> tuple:
-    """A built-in spec with another name, description, docs, a subset of its parameters,
-    and comments anywhere."""
-    spec = load_spec(draw(st.sampled_from(builtin_names())))
+    """A built-in or an inferred spec with another name, description, docs, a subset of
+    its parameters, and comments anywhere."""
+    spec = draw(st.sampled_from([*map(load_spec, builtin_names()), *_inferred()]))
     spaces = tuple(attrs.evolve(s, doc=draw(_TEXT)) for s in spec.spaces)
     params = tuple(attrs.evolve(p, doc=draw(_TEXT)) for p in spec.params if draw(st.booleans()) or p is spec.params[0])
     spec = attrs.evolve(spec, name=draw(_NAME), description=draw(_TEXT), spaces=spaces, params=params)

@@ -12,7 +12,7 @@ import re
 
 import attrs
 
-from ..spec.model import AxisExpr, Chain, Term
+from ..spec.model import AxisExpr, Chain, SpaceDecl, Term
 
 _LAYER = re.compile(r"\.(\d+)\.")
 
@@ -35,6 +35,11 @@ UNTOUCHED = axis_expr([[]])
 
 @attrs.define
 class Space:
+    """A space as the draft proposes it: its candidate group (``group``, or a head group's
+    ``qk``/``ov`` parts, an expert group's ``within``), what the shrinking tries next
+    (``chain``...), the evidence and how it shrank. Not a second model of a spec's space:
+    :meth:`decl` is the :class:`~symspec.spec.model.SpaceDecl` the spec declares now."""
+
     base: str
     kind: str  # plain | heads | scale | sign
     group: str
@@ -77,7 +82,15 @@ class Space:
         return self.group != "Id"
 
     def key(self) -> str:
-        return f"{self.base}[i]" if None not in self.instances else self.base
+        return self.decl().key
+
+    def decl(self) -> SpaceDecl:
+        """The space as the spec declares it (per layer where it has one instance per layer;
+        ``doc``: the evidence, and what shrank)."""
+        doc = "; ".join(self.evidence) if self.evidence else self.doc
+        for before, after, why in self.history:
+            doc += f"; {before} failed the check ({why}), shrunk to {after}"
+        return SpaceDecl(self.base, None if None in self.instances else "i", self.group_text(), doc)
 
 
 @attrs.define

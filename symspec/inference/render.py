@@ -15,7 +15,6 @@ from ..spec.model import (
     Chain,
     DimDecl,
     ParamDecl,
-    SpaceDecl,
     Spec,
     StepDecl,
     Term,
@@ -51,19 +50,12 @@ def to_spec(draft: Draft) -> tuple[Spec, dict[NoteKey, str]]:
         if why:
             notes["dims", sym] = why
     alive = sorted((sp for sp in draft.spaces.values() if sp.alive), key=lambda sp: (sp.base not in ("resid", "sgn"), sp.base == "sgn"))
-    spaces = tuple(SpaceDecl(sp.base, None if None in sp.instances else "i", sp.group_text(), _space_doc(sp)) for sp in alive)
+    spaces = tuple(sp.decl() for sp in alive)
     steps = _steps(draft, notes)
     params = _params(draft, notes)
     spec = Spec(draft.name, 1, f"inferred by symspec infer from the traced graph of {draft.model_class}", (draft.model_class,),
                 tuple(dims), spaces, params, tuple(TieDecl((a, b)) for a, b in draft.ties), steps)
     return spec, notes
-
-
-def _space_doc(sp: object) -> str:
-    doc = "; ".join(sp.evidence) if sp.evidence else sp.doc  # type: ignore[attr-defined]
-    for before, after, why in sp.history:  # type: ignore[attr-defined]
-        doc += f"; {before} failed the check ({why}), shrunk to {after}"
-    return doc
 
 
 def _axis(expr: AxisExpr, templated: bool, draft: Draft) -> AxisExpr | None:
