@@ -21,6 +21,7 @@ from .toy_kinds import Cyc, registered
 def _tables() -> dict[str, dict[str, Any]]:
     """Concern -> its table keyed by group kind (each imported where it lives)."""
     from symspec.certify.certificate import ENTRYWISE
+    from symspec.certify.model import VARIABLES
     from symspec.certify.space import BOUNDS
     from symspec.inference.lattice import CANDIDATES
     from symspec.learned.parametrize import PARAMETRIZATIONS
@@ -30,7 +31,7 @@ def _tables() -> dict[str, dict[str, Any]]:
 
     return {"weight-matching solver": SOLVERS, "learned parametrisation": PARAMETRIZATIONS, "lift": LIFTS,
             "fitted lift": FITS, "per-space bound": BOUNDS, "decoupled bound's entrywise moves": ENTRYWISE,
-            "inference candidate": CANDIDATES}
+            "joint relaxation's variable": VARIABLES, "inference candidate": CANDIDATES}
 
 
 @pytest.mark.parametrize("concern", sorted(_tables()))

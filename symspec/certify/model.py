@@ -7,14 +7,14 @@ linear function over one variable's group (:func:`group_max`, :func:`group_argma
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 import torch
 from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
 
-from ..groups import OC, Element, Group, Heads, O, S, centred_basis
+from ..groups import Element, Group, Heads, NoEntry, centred_basis
 from ..problem import Problem
 
 _EPS = float(torch.finfo(torch.float64).eps)
@@ -34,36 +34,92 @@ class Var:
     offset: int = 0
 
 
-def variable(group: Group) -> tuple[str, int, torch.Tensor, torch.Tensor | None] | None:
-    """(kind, n, U, E0) of a searched group the relaxation models, else None."""
-    if isinstance(group, S):
-        return "perm", group.n, torch.eye(group.n, dtype=torch.float64)[:, :, None], None
-    if isinstance(group, O):
-        return "orth", group.n, torch.eye(group.n, dtype=torch.float64)[:, :, None], None
-    if isinstance(group, OC) and group.n > 1:
-        n = group.n
-        return "orth", n - 1, centred_basis(n)[:, :, None], torch.full((n, n), 1.0 / n, dtype=torch.float64)
-    if isinstance(group, Heads) and group.kv == group.heads and all(g.is_trivial() for _, g in group.parts):
-        dhs = {g.n for _, g in group.parts}
-        if len(dhs) != 1:
-            return None
-        dh, h = dhs.pop(), group.heads
-        u = torch.einsum("hk,ab->hakb", torch.eye(h, dtype=torch.float64), torch.eye(dh, dtype=torch.float64))
-        return "perm", h, u.reshape(h * dh, h, dh), None
-    return None
+#: (variable kind "perm" or "orth", n, U, E0), see :class:`Var`
+VarSpec = tuple[str, int, torch.Tensor, torch.Tensor | None]
 
 
-def value_of(var: Var, group: Group, e: Element) -> torch.Tensor:
-    """M at the result's element (in the spec's group ``group``)."""
-    if isinstance(group, Heads):
-        p = torch.zeros(var.n, var.n, dtype=torch.float64)
-        p[torch.arange(var.n), e["perm"].long()] = 1.0
-        return p
+def _permutation(group: Group) -> VarSpec | None:
+    return "perm", group.n, torch.eye(group.n, dtype=torch.float64)[:, :, None], None
+
+
+def _orthogonal(group: Group) -> VarSpec | None:
+    return "orth", group.n, torch.eye(group.n, dtype=torch.float64)[:, :, None], None
+
+
+def _centred(group: Group) -> VarSpec | None:
+    """OC(n) as O(n - 1) in the zero-mean basis (OC(1) is trivial: not modelled)."""
+    n = group.n
+    if n == 1:
+        return None
+    return "orth", n - 1, centred_basis(n)[:, :, None], torch.full((n, n), 1.0 / n, dtype=torch.float64)
+
+
+def _head_permutation(group: Group) -> VarSpec | None:
+    """A head permutation, where every part is trivial, of one width, and no query heads share."""
+    assert isinstance(group, Heads)
+    if group.kv != group.heads or not all(g.is_trivial() for _, g in group.parts):
+        return None
+    dhs = {g.n for _, g in group.parts}
+    if len(dhs) != 1:
+        return None
+    dh, h = dhs.pop(), group.heads
+    u = torch.einsum("hk,ab->hakb", torch.eye(h, dtype=torch.float64), torch.eye(dh, dtype=torch.float64))
+    return "perm", h, u.reshape(h * dh, h, dh), None
+
+
+def _matrix_value(var: Var, group: Group, e: Element) -> torch.Tensor:
     m = group.matrix(e).double()
     if var.e0 is not None:  # OC: reduced
         b = var.u[:, :, 0]
         return b.T @ m @ b
     return m
+
+
+def _head_permutation_value(var: Var, group: Group, e: Element) -> torch.Tensor:
+    p = torch.zeros(var.n, var.n, dtype=torch.float64)
+    p[torch.arange(var.n), e["perm"].long()] = 1.0
+    return p
+
+
+@attrs.frozen
+class Relaxed:
+    """How the relaxation models a group kind: its variable (None where this group of the
+    kind is not modelled) and the variable's value at an element."""
+
+    variable: Callable[[Group], VarSpec | None]
+    value: Callable[[Var, Group, Element], torch.Tensor] = _matrix_value
+
+
+_NOT_ORTHOGONAL = "not norm-preserving: the relaxation models orthogonal variables only"
+#: group kind -> how the joint relaxation models a space of that kind (see :class:`Relaxed`);
+#: a space whose kind has none is held fixed at the result and named
+VARIABLES: dict[str, Relaxed | NoEntry] = {
+    "S": Relaxed(_permutation),
+    "O": Relaxed(_orthogonal),
+    "OC": Relaxed(_centred),
+    "Heads": Relaxed(_head_permutation, _head_permutation_value),
+    "Experts": Relaxed(_head_permutation, _head_permutation_value),
+    "SP": NoEntry("not modelled: signed permutations have no variable in the relaxation yet (held fixed)"),
+    "Sign": NoEntry("not modelled: a global sign has no variable in the relaxation (held fixed)"),
+    "Id": NoEntry("the trivial group is never searched: nothing to relax"),
+    "GL": NoEntry(_NOT_ORTHOGONAL),
+    "D": NoEntry(_NOT_ORTHOGONAL),
+    "Dpos": NoEntry(_NOT_ORTHOGONAL),
+    "RoPE": NoEntry(_NOT_ORTHOGONAL),
+}
+
+
+def variable(group: Group) -> VarSpec | None:
+    """(kind, n, U, E0) of a searched group the relaxation models, else None."""
+    entry = VARIABLES.get(group.kind)
+    return entry.variable(group) if isinstance(entry, Relaxed) else None
+
+
+def value_of(var: Var, group: Group, e: Element) -> torch.Tensor:
+    """M at the result's element (in the spec's group ``group``)."""
+    entry = VARIABLES[group.kind]
+    assert isinstance(entry, Relaxed)
+    return entry.value(var, group, e)
 
 
 # -- the quadratic model -----------------------------------------------------------------------
