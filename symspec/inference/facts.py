@@ -174,9 +174,10 @@ def unreadable(n: fx.Node, error: BaseException) -> str:
     """Why inference could not read node ``n``, as fx's Interpreter reports a failure
     ("While executing ..."): the node, the user's source line, and the error's message.
 
-    >>> g = fx.symbolic_trace(torch.nn.ReLU()).graph
-    >>> unreadable(list(g.nodes)[1], ValueError("no rule fits"))
-    'while reading %relu : [num_users=1] = call_function[target=torch.relu](args = (%input,), kwargs = {}): ValueError: no rule fits'
+    >>> g = fx.Graph()
+    >>> relu = g.call_function(torch.relu, (g.placeholder("x"),))
+    >>> unreadable(relu, ValueError("no rule fits"))
+    'while reading %relu : [num_users=0] = call_function[target=torch.relu](args = (%x,), kwargs = {}): ValueError: no rule fits'
     """
     where = source_line(n)
     message = " ".join(str(error).split())[:300]

@@ -37,8 +37,8 @@ def scalar(value: Any, flow: bool = False) -> str:
     where commas and brackets need quotes too. Hand-made quoting once wrote
     ``name: a: 'b' # c``.
 
-    >>> scalar("a: 'b' # c"), scalar("x[i]", flow=True), scalar(1.0)
-    ('"a: \\'b\\' # c"', "'x[i]'", '1')
+    >>> print(scalar("a: 'b' # c"), scalar("x[i]", flow=True), scalar(1.0))
+    'a: ''b'' # c' 'x[i]' 1
     """
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return str(int(value))  # 1.0 reads back as 1, which equals it
