@@ -294,6 +294,32 @@ def test_a_node_no_rule_can_read_is_named_with_its_source_line_and_message(monke
         or any("cannot read (mul (ValueError" in e for s in result.spaces for e in s.evidence), result.unexplained
 
 
+def _lattice_problems(table: dict[str, Any], kinds: set[str]) -> list[str]:
+    """What is wrong with a candidate table: kinds missing or unknown, an order that is no
+    lattice (a kind below another contains more than it), a shrink to a kind that contains it."""
+    problems = [f"{k}: no entry" for k in sorted(kinds - set(table))]
+    for kind, c in table.items():
+        named = {kind, *c.below, *c.shrink, *([c.larger] if c.larger else [])}
+        problems += [f"{kind}: unknown kind {k}" for k in sorted(named - kinds)]
+        problems += [f"{kind}: {b} contains more" for b in sorted(c.below) if b in table and not table[b].below <= c.below]
+        if any(t == kind or (t in table and kind in table[t].below) for t in c.shrink):  # a shrink that grows
+            problems.append(f"{kind}: shrinks to {c.shrink}")
+    return problems
+
+
+def test_the_candidate_lattice_has_every_group_kind() -> None:
+    """CANDIDATES is keyed by the group registry's names and its order is a lattice; the
+    check finds a missing kind, an unknown one and a broken order."""
+    from symspec.groups import REGISTRY
+    from symspec.inference import CANDIDATES, Candidate
+
+    assert _lattice_problems(CANDIDATES, set(REGISTRY)) == []
+    broken = {**{k: v for k, v in CANDIDATES.items() if k != "Sign"},
+              "O": Candidate(True, frozenset({"O", "GL"}), ("GL",)), "Cyc": Candidate(False)}
+    assert _lattice_problems(broken, set(REGISTRY)) == ["Sign: no entry", "GL: shrinks to ('O', 'S', 'Id')", "O: GL contains more",
+                                                        "O: shrinks to ('GL',)", "Cyc: unknown kind Cyc"]
+
+
 def test_a_wrong_claim_is_shrunk_by_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """Evidence that overclaims (every class GL) is caught by the check, space by space."""
     import symspec.inference.builder as builder
