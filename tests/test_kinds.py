@@ -72,17 +72,22 @@ def test_kind_entry_refuses_a_missing_kind_and_a_no_entry_in_one_line() -> None:
 def test_a_kind_without_a_lift_is_refused_naming_the_space_kind_and_reason() -> None:
     """Experts has NoEntry in LIFTS: a wider expert is refused in one line (it once went
     through the head lift and failed deep inside); the same model widened elsewhere is
-    the positive control (its experts unchanged lift by the identity)."""
+    the positive control (its unchanged experts lift by the identity)."""
     from symspec.spec import load_spec
     from symspec.width import LiftError, lift
 
     from .zoo import ZOO
 
-    narrow, _ = ZOO["mixtral"]()
+    narrow, inputs = ZOO["mixtral"]()
     wide, _ = ZOO["mixtral"](seed=1, n_ff=8)
     with pytest.raises(LiftError, match=r"^moe\[0\]: Experts\(4, S\(6\)\) -> Experts\(4, S\(8\)\): no lift for group kind "
                                         r"'Experts': experts keep their number and width"):
         lift(narrow, wide, load_spec("mixtral"))
+    # more heads and a wider residual: the fused expert weights are lifted through their view
+    # (they once failed with an IndexError, read in their stored layout)
+    more_heads, _ = ZOO["mixtral"](seed=1, n_head=8, n_kv=4)
+    out = lift(narrow, more_heads, load_spec("mixtral"), inputs=inputs)
+    assert out.error < 1e-12 and out.lifts["moe[0]"].kind == "identity" and out.lifts["resid"].kind == "stiefel"
 
 
 # -- the recipe: a toy kind registered from a test --------------------------------------------------------

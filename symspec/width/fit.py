@@ -262,7 +262,7 @@ def fitted_lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, s
 
     say = progress or (lambda msg: None)
     ba, bb = bind(spec, wide), bind(spec, narrow)
-    canon_a, canon_b = canonical_f64(ba, wide), canonical_f64(bb, narrow)
+    canon_a, canon_b = _as_bound(ba.problem, canonical_f64(ba, wide)), canonical_f64(bb, narrow)
     method = "weight" if data is None else "activation"
     tuning = None if data is None else ActivationOptions(batches=batches)
     units = {n for n, si in ba.problem.spaces.items() if FITS.get(si.group.kind) in ("units", "scaling", "positive scaling")}
@@ -362,9 +362,16 @@ def _lift_all_but(problem_b: Any, canonical_b: Mapping[str, torch.Tensor], lifte
                   keep: str) -> dict[str, torch.Tensor]:
     """B's canonical weights with every space lifted by ``lifted``'s maps except ``keep``
     (left at B's width) and the scalings (the identity): B's units of that space, written
-    in A's frame."""
+    in A's frame, as the bindings see them (a view's merged axes stay merged)."""
     def narrow(sl: SpaceLift) -> SpaceLift:
         return SpaceLift(sl.space, "identity", sl.narrow, sl.narrow)
 
     actions = {n: _action(narrow(sl) if n == keep or sl.kind == "scale" else sl) for n, sl in lifted.lifts.items()}
-    return {k: lift_tensor(b, b, canonical_b[k], actions) for k, b in problem_b.params.items() if k in canonical_b}
+    return {k: lift_tensor(b, b, canonical_b[k], actions, store=False) for k, b in problem_b.params.items()
+            if k in canonical_b}
+
+
+def _as_bound(problem: Any, sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each parameter as its axis bindings see it (a fused expert weight through its view),
+    as :func:`_lift_all_but` gives B's: what the unit vectors and head circuits read."""
+    return {k: problem.params[k].viewed(v) if k in problem.params else v for k, v in sd.items()}

@@ -271,10 +271,13 @@ def canonical_f64(bound: BoundSpec, model: torch.nn.Module) -> dict[str, torch.T
 
 
 def lift_tensor(binding_b: ParamBinding, binding_a: ParamBinding, x: torch.Tensor, actions: Mapping[str, Action],
-                late: Collection[str] = ()) -> torch.Tensor:
+                late: Collection[str] = (), store: bool = True) -> torch.Tensor:
     """One of B's parameters in A's shape: each bound axis mapped segment by segment.
-    The spaces in ``late`` (scalings of the wide width) act after the others."""
+    The spaces in ``late`` (scalings of the wide width) act after the others. A parameter
+    with a ``view`` (fused expert weights) is lifted as the bindings see it and stored in
+    A's layout (``store=False``: returned as the bindings see it)."""
     axes_a = {ab.axis: ab for ab in binding_a.axes}
+    x = binding_b.viewed(x)
     for ab in binding_b.axes:
         moved = x.movedim(ab.axis, 0)
         if ab.layout is not None:
@@ -291,7 +294,7 @@ def lift_tensor(binding_b: ParamBinding, binding_a: ParamBinding, x: torch.Tenso
         if layout_a is not None:
             moved = layout_a.to_storage(moved)
         x = moved.movedim(0, ab.axis)
-    return x
+    return binding_a.stored(x) if store else x
 
 
 def lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, seed: int = 0,
