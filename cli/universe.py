@@ -117,10 +117,10 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
     """
     from symspec.errors import SymspecError
     from symspec.outputs import work_folder
-    from symspec.universe import universe_method
+    from symspec.universe import round_method
 
     started = time.perf_counter()
-    m = universe_method(method, data_arg)  # before any work: a method universe matching cannot run
+    m = round_method(method, data_arg)  # before any work: a method universe matching cannot run
     options = learned_options(m, {"steps": ("--steps", learn_steps), "lr": ("--lr", learn_lr),
                                   "dirichlet": ("--alpha", learn_alpha), "seed": ("--seed", learn_seed)})
     paths, factory, start = _check_inputs(models, out, spec_arg, factory, data_arg, start_arg, ray_address, simplex,

@@ -12,11 +12,12 @@ The package, in the order of a run:
 - :mod:`.tasks`: the per-model tasks (``prepare``, ``align``: any registered
   alignment method), run by the executors of :mod:`symspec.runtime`;
 - :mod:`.algorithm`: the rounds, as in the paper's pseudo-code, and when they stop;
-- :mod:`.api`: :func:`universe_match` (models under a spec) and :func:`match_universe`
+- :mod:`.api`: :func:`universe_match` (models under a spec) and :func:`state_universe`
   (canonical state dicts under a problem);
 - :mod:`.result`: :class:`UniverseResult`, :func:`transform_between`;
 - :mod:`.report`: the JSON report and its schema; :mod:`.publish`: the output folder;
-- :mod:`.method`: ``"universe"``, a pair alignment method in :mod:`symspec.alignment`.
+- :mod:`.method`: ``"universe"``, a pair alignment method in :mod:`symspec.alignment`
+  (registered by :mod:`.extension`).
 
 Names are imported on first use: registering the ``universe`` method (listing methods
 for the CLI's help) does not import torch.
@@ -32,7 +33,7 @@ __getattr__, __all__ = lazy_exports(__name__, {
     "expand_models": ".inputs",
     "ModelEntry": ".result", "StateUniverse": ".result", "UniverseResult": ".result",
     "transform_between": ".result",
-    "match_universe": ".api", "universe_match": ".api", "universe_method": ".api",
+    "state_universe": ".api", "universe_match": ".api", "round_method": ".api",
     "SCHEMA_ID": ".report", "build_report": ".report", "report_schema": ".report",
     "output_name": ".publish", "save_outputs": ".publish",
     "UniverseMatching": ".method", "UniverseOptions": ".method",

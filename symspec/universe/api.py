@@ -3,7 +3,7 @@
 - :func:`universe_match`: models given as files, modules or state dicts, under a spec:
   loaded, checked and brought into canonical form (``prepare`` tasks), then the rounds;
   the result holds a transform record per model and what the outputs need;
-- :func:`match_universe`: canonical state dicts under a (restricted) problem, in this
+- :func:`state_universe`: canonical state dicts under a (restricted) problem, in this
   process: what the ``universe`` alignment method runs on a pair.
 
 >>> import symspec.universe as U  # doctest: +SKIP
@@ -15,7 +15,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
+import types
 from collections.abc import Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
@@ -24,15 +26,24 @@ from typing import Any
 import attrs
 import torch
 
+from .. import __version__
+from ..alignment import get_method, mode_text
+from ..binding import bind
 from ..errors import SymspecInputError
+from ..learned.method import LearnedMatching, as_options
+from ..loading import source_dtype
 from ..record import TransformRecord
 from ..runtime import InlineExecutor, make_executor
+from ..solvers import restrict_problem
+from ..spec.load import dump_spec
+from ..statedict import check_finite, working_dtype
 from .algorithm import RoundLog, Run, iterate
 from .errors import UniverseError, raise_failures
 from .inputs import (
     Reference,
     Source,
     fingerprint,
+    fingerprint_path,
     load_reference,
     model_keys,
     model_sources,
@@ -40,6 +51,8 @@ from .inputs import (
     start_index,
     state_of,
 )
+from .learned import refine
+from .method import UniverseMatching
 from .progress import Progress, UniverseEvent, quiet
 from .result import ModelEntry, StateUniverse, UniverseResult
 from .tasks import (
@@ -74,12 +87,9 @@ def _check_arguments(n: int, rounds: int, jobs: int | None) -> None:
         raise UniverseError(f"universe matching needs at least 2 models, got {n}")
 
 
-def universe_method(name: str, data: Any = None) -> Any:
+def round_method(name: str, data: Any = None) -> Any:
     """The registered alignment method every round runs, checked: not universe matching
     itself, and with data when it needs some."""
-    from ..alignment import get_method
-    from .method import UniverseMatching
-
     m = get_method(name)
     if isinstance(m, UniverseMatching):
         raise UniverseError(f"universe matching cannot align with '{m.name}' (universe matching itself)")
@@ -103,8 +113,6 @@ def _align_inputs(m: Any, ref: Reference, source: Source, data: Any) -> dict[str
         out = {"module_source": source.path} if source.path is not None else {"module": ref.canonical_model}
     if not m.needs_data:
         return out
-    import types
-
     batches = list(getattr(data, "batches", None) or [])[:ALIGN_BATCHES]
     if not batches:
         raise UniverseError("the data has no batches to align on")
@@ -115,8 +123,6 @@ def _data_digest(data: Any) -> str | None:
     """A digest of the batches (a resumed run must align on the same data)."""
     if data is None:
         return None
-    import hashlib
-
     h = hashlib.sha256()
     for x, _ in data.batches:
         for leaf in torch.utils._pytree.tree_leaves(x):
@@ -177,12 +183,7 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
     t0 = time.perf_counter()
     say = progress or quiet
     _check_arguments(len(models), rounds, jobs)
-    m = universe_method(method, data)
-    refinement = m if _refines(m) else None
-    if refinement is not None:  # the rounds: weight matching, the refinement's start
-        from ..alignment import get_method
-
-        m = get_method("weight-perm" if refinement.groups == "perm" else "weight")
+    m, refinement = _methods(method, data)
     sources = model_sources(models)
     names = [s.name for s in sources]
     start = start_index(start, names)
@@ -203,63 +204,64 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
                                                  retries=ray_retries)) as executor:
         run = Run(folder, executor, folder.save_config(cfg), names, model_keys(names), start,
                   list(ref.bound.problem.params), ref.dtype, say)
-        tick = time.perf_counter()
-        formats, stored = prepare_models(run, sources, ref, cfg, config)
-        timings["prepare"] = time.perf_counter() - tick
-        log, merged = iterate(run, rounds, tol)
-        timings["rounds"] = log.seconds
-        tick = time.perf_counter()
-        records = _records(run, ref, cfg, log)
-        last = len(log.rounds)
-        aligned = [load_tensors(folder.aligned(last, k)) for k in run.keys] if load_aligned else None
-        timings["records"] = time.perf_counter() - tick
-    from ..alignment import mode_text
-
-    result = UniverseResult(
-        bound=ref.bound, models=[ModelEntry(i, s.name, run.keys[i], s.path, formats[i], stored[i]) for i, s in enumerate(sources)],
-        start=start, merged=merged, records=records, history=log.history, rounds=log.rounds,
-        converged=log.converged(tol, torch.finfo(ref.dtype).eps), timings=timings, executor=executor.name,
-        jobs=int(executor.jobs), dtype=cfg.dtype, groups=mode_text(ref.modes), aligned=aligned,
-        canonical_model=ref.canonical_model, reference=ref.loaded, workdir=folder.path if folder.keep else None,
-        resumed=run.resumed, max_in_flight=executor.max_in_flight, method=m.name,
-    )
+        result = _run_rounds(run, sources, ref, cfg, config, rounds, tol, load_aligned, timings)
     if refinement is not None:
-        from .learned import refine
-
-        tick = time.perf_counter()
-        say(UniverseEvent("note", message="learned refinement"))
-
-        def stepped(ev: Any) -> None:
-            say(UniverseEvent("learn", round=ev.round, rounds=ev.rounds, done=ev.done, total=ev.total,
-                              objective=ev.objective))
-
-        result.refinement = refine(result, ref.modes, data, validation, _learned(options, refinement),
-                                   device=device, progress=stepped)
-        result.method = refinement.name
-        timings["refine"] = time.perf_counter() - tick
+        _refine(result, refinement, ref, data, validation, options, device, say)
     timings["total"] = time.perf_counter() - t0
     return result
 
 
-def _refines(m: Any) -> bool:
-    from ..learned.method import LearnedMatching
+def _methods(name: str, data: Any) -> tuple[Any, Any]:
+    """The method the rounds run, and learned matching's refinement after them (None for
+    other methods): learned matching's rounds are weight matching's, its start."""
+    m = round_method(name, data)
+    if not isinstance(m, LearnedMatching):
+        return m, None
+    return get_method("weight-perm" if m.groups == "perm" else "weight"), m
 
-    return isinstance(m, LearnedMatching)
+
+def _run_rounds(run: Run, sources: Sequence[Source], ref: Reference, cfg: RunConfig, config: Any, rounds: int,
+                tol: float, load_aligned: bool, timings: dict[str, float]) -> UniverseResult:
+    """Prepare every model, run the rounds, record each model's transform: the result."""
+    folder, executor = run.folder, run.executor
+    tick = time.perf_counter()
+    formats, stored = prepare_models(run, sources, ref, cfg, config)
+    timings["prepare"] = time.perf_counter() - tick
+    log, merged = iterate(run, rounds, tol)
+    timings["rounds"] = log.seconds
+    tick = time.perf_counter()
+    records = _records(run, ref, cfg, log)
+    last = len(log.rounds)
+    aligned = [load_tensors(folder.aligned(last, k)) for k in run.keys] if load_aligned else None
+    timings["records"] = time.perf_counter() - tick
+    return UniverseResult(
+        bound=ref.bound, models=[ModelEntry(i, s.name, run.keys[i], s.path, formats[i], stored[i]) for i, s in enumerate(sources)],
+        start=run.start, merged=merged, records=records, history=log.history, rounds=log.rounds,
+        converged=log.converged(tol, torch.finfo(ref.dtype).eps), timings=timings, executor=executor.name,
+        jobs=int(executor.jobs), dtype=cfg.dtype, groups=mode_text(ref.modes), aligned=aligned,
+        canonical_model=ref.canonical_model, reference=ref.loaded, workdir=folder.path if folder.keep else None,
+        resumed=run.resumed, max_in_flight=executor.max_in_flight, method=cfg.method,
+    )
 
 
-def _learned(options: Any, m: Any) -> Any:
-    from ..learned.method import as_options
+def _refine(result: UniverseResult, refinement: Any, ref: Reference, data: Any, validation: Any, options: Any,
+            device: str, say: Progress) -> None:
+    """Learned matching's refinement of every model's element (:mod:`.learned`), in place."""
+    tick = time.perf_counter()
+    say(UniverseEvent("note", message="learned refinement"))
 
-    return as_options(options, m.permutations)
+    def stepped(ev: Any) -> None:
+        say(UniverseEvent("learn", round=ev.round, rounds=ev.rounds, done=ev.done, total=ev.total,
+                          objective=ev.objective))
+
+    result.refinement = refine(result, ref.modes, data, validation, as_options(options, refinement.permutations),
+                               device=device, progress=stepped)
+    result.method = refinement.name
+    result.timings["refine"] = time.perf_counter() - tick
 
 
 def _fingerprint(cfg: RunConfig, ref: Reference, sources: Sequence[Source], start: int) -> dict[str, Any]:
     """What a resumed run must share with the run that left the work folder."""
-    from .. import __version__
-    from ..alignment import mode_text
-    from ..spec.load import dump_spec
-    from .inputs import fingerprint_path
-
     return {
         "version": STATE_VERSION, "symspec": __version__, "spec": dump_spec(ref.bound.spec),
         "groups": mode_text(ref.modes), "start": start, "dtype": cfg.dtype, "device": cfg.device, "method": cfg.method,
@@ -317,8 +319,6 @@ def prepare_models(run: Run, sources: Sequence[Source], ref: Reference, cfg: Run
 def _prepare_here(is_start: bool, source: Source, ref: Reference, cfg: RunConfig, config: Any,
                   target: Path) -> dict[str, Any]:
     """Write the start model's or an in-memory model's canonical form; its marker's meta."""
-    from ..loading import source_dtype
-
     if is_start:
         save_tensors(target, ref.canonical)
         return {"ok": True, "format": ref.loaded.format if ref.loaded is not None else "state_dict",
@@ -328,8 +328,6 @@ def _prepare_here(is_start: bool, source: Source, ref: Reference, cfg: RunConfig
 
 
 def _canonical_in_memory(source: Source, ref: Reference, cfg: RunConfig, config: Any) -> dict[str, torch.Tensor]:
-    from ..binding import bind
-
     other, state = module_of(source.obj), state_of(source.obj)
     if other is None and config is None:
         # a bare state dict: it has the reference's binding if it has its tensors
@@ -352,9 +350,6 @@ def _canonical_in_memory(source: Source, ref: Reference, cfg: RunConfig, config:
 
 def _records(run: Run, ref: Reference, cfg: RunConfig, log: RoundLog) -> list[TransformRecord]:
     """Each model's transform record into the universe (the spec's full groups)."""
-    from ..alignment import mode_text
-    from ..solvers import restrict_problem
-
     bound, last = ref.bound, len(log.rounds)
     searched = restrict_problem(bound.problem, ref.modes)
     searched_text = {s: str(searched.spaces[s].group) for s in bound.problem.spaces
@@ -375,7 +370,7 @@ def _records(run: Run, ref: Reference, cfg: RunConfig, log: RoundLog) -> list[Tr
 # --------------------------------------------------------------------------- canonical states, a problem
 
 
-def match_universe(problem: Any, states: Sequence[Mapping[str, torch.Tensor]], *, method: str = "weight",
+def state_universe(problem: Any, states: Sequence[Mapping[str, torch.Tensor]], *, method: str = "weight",
                    rounds: int = 10, tol: float = 1e-4, start: int = 0, device: str | torch.device = "cpu",
                    dtype: torch.dtype | None = None, match_rounds: int = 10, match_tol: float = 1e-6,
                    max_iter: int = 10, threads: int = 1, progress: Progress | None = None) -> StateUniverse:
@@ -386,11 +381,9 @@ def match_universe(problem: Any, states: Sequence[Mapping[str, torch.Tensor]], *
     found are in ``problem``'s groups. ``dtype``: the working precision (default: the
     start model's; float32 for float16 and bfloat16).
     """
-    from ..statedict import check_finite, working_dtype
-
     say = progress or quiet
     _check_arguments(len(states), rounds, None)
-    method = universe_method(method).name
+    method = round_method(method).name
     names = [f"model{i}" for i in range(len(states))]
     start = start_index(start, names)
     first = states[start]
@@ -417,4 +410,4 @@ def match_universe(problem: Any, states: Sequence[Mapping[str, torch.Tensor]], *
     return StateUniverse(problem, merged, elements, log.history, log.rounds, log.converged(tol, torch.finfo(work).eps))
 
 
-__all__ = ["STATE_VERSION", "match_universe", "universe_match", "universe_method"]
+__all__ = ["STATE_VERSION", "round_method", "state_universe", "universe_match"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SymspecInputError
+from ..outputs import write_error
 
 
 class UniverseError(SymspecInputError):
@@ -39,8 +40,6 @@ def work_write_error(path: str | Path, e: BaseException) -> WorkWriteError:
     >>> str(work_write_error("w/a", OSError(errno.ENOSPC, "No space left on device")))
     'cannot write w/a: No space left on device'
     """
-    from ..outputs import write_error
-
     code = e.errno if isinstance(e, OSError) else None
     found = _OS_ERROR.search(str(e)) if code is None else None
     if found:

@@ -16,8 +16,15 @@ from typing import Any
 import attrs
 import torch
 
+from .. import loading
+from ..binding import BoundSpec, bind
 from ..errors import SymspecInputError
 from ..io_util import read_small_file
+from ..loading import LoadedModel
+from ..solvers import parse_restriction
+from ..spec import Spec, load_spec
+from ..statedict import widen, working_dtype
+from ..transforms import canonicalize_model, canonicalize_state_dict
 from .errors import UniverseError
 
 
@@ -69,8 +76,6 @@ class Source:
 
 def model_sources(models: Sequence[Any]) -> list[Source]:
     """The models as :class:`Source` values; a path that does not exist is refused."""
-    from ..loading import LoadedModel
-
     out: list[Source] = []
     missing = []
     for i, m in enumerate(models):
@@ -184,12 +189,8 @@ class Reference:
 
 
 def _bind(spec: Any, target: Any, config: Any, name: str) -> Any:
-    from ..binding import BoundSpec, bind
-
     if isinstance(spec, BoundSpec):
         return spec
-    from ..spec import Spec, load_spec
-
     spec_obj = spec if isinstance(spec, Spec) else load_spec(spec)
     try:
         return bind(spec_obj, target, config=config)
@@ -202,14 +203,9 @@ def load_reference(source: Source, spec: Any, *, factory: str | Path | None, con
     """Load and bind the start model and bring it into canonical form. float16/bfloat16
     models are canonicalised and matched in float32 (see ``working_dtype``); the outputs
     are written back in each model's own dtype."""
-    from ..loading import LoadedModel, load_model
-    from ..solvers import parse_restriction
-    from ..statedict import widen, working_dtype
-    from ..transforms import canonicalize_model, canonicalize_state_dict
-
     loaded, obj = None, source.obj
     if source.path is not None:
-        loaded = obj = load_model(source.path, factory=factory)
+        loaded = obj = loading.load_model(source.path, factory=factory)
     elif isinstance(obj, LoadedModel):
         loaded = obj
     module, state = module_of(obj), state_of(obj)

@@ -2,7 +2,7 @@
 ``symspec barrier --align universe``, ``symspec match --method universe`` and the
 paper-table benchmark offer it like any other method.
 
-Both endpoints are matched into their universe (:func:`~symspec.universe.match_universe`,
+Both endpoints are matched into their universe (:func:`~symspec.universe.state_universe`,
 in this process) and B's element is returned relative to A's: ``g_A^-1 g_B`` per space.
 The group acts linearly on the weights, so the path from A to ``g_A^-1 g_B·B`` is the
 path from ``g_A·A`` to ``g_B·B`` (which passes through the merged model at λ = 1/2)
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ..alignment.protocol import Alignment, AlignOptions, Endpoint
+from ..errors import SymspecInputError
 
 if TYPE_CHECKING:
     from ..problem import Problem
@@ -52,14 +53,13 @@ class UniverseMatching:
     groups: str | None = None
 
     def align(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions) -> Alignment:
-        from .api import match_universe
+        # deferred: this module is imported when methods are listed (no torch)
+        from .api import state_universe
 
         tuning = options.tuning if options.tuning is not None else UniverseOptions()
         if not isinstance(tuning, UniverseOptions):
-            from ..errors import SymspecInputError
-
             raise SymspecInputError(f"the universe method's options are a UniverseOptions, not {type(tuning).__name__}")
-        found = match_universe(problem, [a.state, b.state], method=tuning.method, rounds=tuning.rounds,
+        found = state_universe(problem, [a.state, b.state], method=tuning.method, rounds=tuning.rounds,
                                tol=tuning.tol, device=str(options.device), dtype=options.dtype,
                                match_rounds=options.rounds, match_tol=options.tol, max_iter=tuning.max_iter,
                                threads=tuning.threads)

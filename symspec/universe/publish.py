@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from .. import loading
+from ..loading import LoadedModel
 from ..outputs import Target, publish
 from .errors import UniverseError
 from .result import ModelEntry, UniverseResult
@@ -44,8 +46,6 @@ def save_outputs(result: UniverseResult, out: str | Path, *, report: Mapping[str
     ``outputs`` lists too. A write that fails (a full disk) raises one
     :class:`~symspec.errors.SymspecInputError` line and leaves nothing behind.
     """
-    from ..loading import LoadedModel, save_model
-
     out = Path(out)
     if os.path.lexists(out) and not overwrite:
         raise UniverseError(f"{out} exists; refusing to overwrite it (use --overwrite)")
@@ -62,7 +62,7 @@ def save_outputs(result: UniverseResult, out: str | Path, *, report: Mapping[str
         ref_entry = result.models[result.start]
         ref_fmt = result.reference.format if result.reference is not None else ref_entry.format
         name = output_name(ref_entry, ref_fmt, "merged")
-        save_model(LoadedModel(module, Path(ref_entry.path or "merged"), ref_fmt, dtypes=stored(ref_entry, result.merged)),
+        loading.save_model(LoadedModel(module, Path(ref_entry.path or "merged"), ref_fmt, dtypes=stored(ref_entry, result.merged)),
                    result.merged, tmp / name, model=module)
         written["merged"] = str(out / name)
         (tmp / "aligned").mkdir()
@@ -70,7 +70,7 @@ def save_outputs(result: UniverseResult, out: str | Path, *, report: Mapping[str
             fmt = m.format if (m.format != "hf" or result.canonical_model is not None) else "state_dict"
             aname = output_name(m, fmt, m.key)
             state = result.aligned_state(m.index)
-            save_model(LoadedModel(module, Path(m.path or m.key), fmt, dtypes=stored(m, state)), state,
+            loading.save_model(LoadedModel(module, Path(m.path or m.key), fmt, dtypes=stored(m, state)), state,
                        tmp / "aligned" / aname, model=module)
             written["aligned"].append(str(out / "aligned" / aname))
             result.records[m.index].save(tmp / "transforms" / m.key)

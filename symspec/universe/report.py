@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import __version__
 from ..io_util import json_safe
 from .result import UniverseResult
 
@@ -18,8 +19,6 @@ def build_report(result: UniverseResult, analysis: Any = None, *, seconds: float
     """The JSON report (schema :data:`SCHEMA_ID`, :func:`report_schema`; docs/universe.md):
     :meth:`UniverseResult.summary` plus ``analysis``: anything with a ``to_dict()`` (the
     CLI gives a :class:`~symspec.analyzers.simplex.MergeAnalysis`), or None."""
-    from .. import __version__
-
     doc: dict[str, Any] = {"schema": SCHEMA_ID, "symspec_version": __version__}
     doc.update(result.summary())
     doc["analysis"] = analysis.to_dict() if analysis is not None else None

@@ -1,6 +1,6 @@
 """What a universe run found: :class:`UniverseResult` (models given as files, modules or
 state dicts, under a spec) and :class:`StateUniverse` (canonical state dicts under a
-problem, :func:`~symspec.universe.match_universe`).
+problem, :func:`~symspec.universe.state_universe`).
 
 Every model gets one element ``g_i`` into the universe, so any two models are aligned
 to each other through it: ``g_{i->j} = g_j^-1 g_i``, cycle-consistent by construction
@@ -149,7 +149,7 @@ class UniverseResult:
 
 @attrs.define
 class StateUniverse:
-    """What :func:`~symspec.universe.match_universe` found for canonical state dicts:
+    """What :func:`~symspec.universe.state_universe` found for canonical state dicts:
     ``merged`` (the universe), ``elements[i]`` (model i's element into it, one per space
     of the problem, in its groups), ``history`` (the objective before the first round and
     after each), ``rounds`` (their account) and ``converged``."""

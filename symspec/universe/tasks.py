@@ -26,8 +26,15 @@ from typing import Any
 import attrs
 import torch
 
+from .. import loading
+from ..alignment import AlignOptions, Endpoint, get_method
+from ..binding import bind
 from ..errors import SymspecInputError
+from ..loading import source_dtype
 from ..runtime import Result, torch_threads
+from ..solvers import WeightOptions, embed, restrict_problem
+from ..statedict import check_finite, element_to_cpu, squared_distance, widen
+from ..transforms import apply_elements, canonicalize_model, canonicalize_state_dict
 from .errors import UniverseError
 from .workdir import load_elements, load_tensors, save_elements, save_tensors, write_json
 
@@ -100,8 +107,6 @@ def load_config(path: str) -> tuple[RunConfig, Any]:
     """The run's config and its searched (restricted) problem, cached per process."""
     key = (path, Path(path).stat().st_mtime_ns)
     if key not in _CONFIGS:
-        from ..solvers import restrict_problem
-
         with open(path, "rb") as f:
             cfg: RunConfig = pickle.load(f)
         _CONFIGS.clear()
@@ -140,9 +145,6 @@ def architecture_error(name: str, reference: str, problems: list[str]) -> Univer
 def prepare_state(cfg: RunConfig, name: str, state: Mapping[str, torch.Tensor], bound: Any) -> dict[str, torch.Tensor]:
     """Check a bound model against the reference and return its canonical state in the
     run's dtype (raises SymspecInputError naming the model)."""
-    from ..statedict import check_finite, widen
-    from ..transforms import canonicalize_state_dict
-
     problems = bound.problem.differences(cfg.problem, "here", "in the reference")
     if problems:
         raise architecture_error(name, cfg.reference, problems)
@@ -158,11 +160,8 @@ def prepare_state(cfg: RunConfig, name: str, state: Mapping[str, torch.Tensor], 
 
 
 def prepare(task: Task, cfg: RunConfig, searched: Any) -> Result:
-    from ..binding import bind
-    from ..loading import load_model, source_dtype
-
     try:
-        loaded = load_model(task.source, factory=cfg.factory)
+        loaded = loading.load_model(task.source, factory=cfg.factory)
         bound = bind(cfg.spec, loaded.model)
     except SymspecInputError as e:
         text = str(e)
@@ -179,8 +178,6 @@ def prepare(task: Task, cfg: RunConfig, searched: Any) -> Result:
 def alignment_method(name: str) -> Any:
     """The registered method ``name``; in a worker process that does not know it (it was
     registered in the parent only), an error that says how to register it there."""
-    from ..alignment import get_method
-
     try:
         return get_method(name)
     except SymspecInputError:
@@ -193,11 +190,7 @@ def alignment_method(name: str) -> Any:
 def _reference_module(source: str, factory: str | None, spec: Any) -> Any:
     """The reference model in canonical form (its weights do not matter: methods run it
     with the states they are given), loaded once per worker."""
-    from ..binding import bind
-    from ..loading import load_model
-    from ..transforms import canonicalize_model
-
-    model = load_model(source, factory=factory).model
+    model = loading.load_model(source, factory=factory).model
     return canonicalize_model(bind(spec, model), model).eval()
 
 
@@ -208,11 +201,6 @@ def _module(cfg: RunConfig) -> Any:
 
 
 def align(task: Task, cfg: RunConfig, searched: Any) -> Result:
-    from ..alignment import AlignOptions, Endpoint
-    from ..solvers import WeightOptions, embed
-    from ..statedict import element_to_cpu, squared_distance
-    from ..transforms import apply_elements
-
     problem = cfg.problem
     dtype = getattr(torch, cfg.dtype)
     theta = load_tensors(task.canonical)

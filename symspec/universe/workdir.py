@@ -23,6 +23,7 @@ full disk, a read-only folder) is one line, ``cannot write PATH: REASON``
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -34,8 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from ..outputs import (
+    STAGING_PREFIX,
     FolderLock,
     atomic_write,
     atomic_write_bytes,
@@ -52,8 +56,6 @@ from .progress import Progress, UniverseEvent
 
 def save_tensors(path: str | Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> None:
     """Write a safetensors file atomically (tied entries are stored as separate copies)."""
-    from safetensors.torch import save_file
-
     seen: set[tuple[object, ...]] = set()
     out: dict[str, torch.Tensor] = {}
     for k, v in tensors.items():
@@ -82,8 +84,6 @@ def writing(path: str | Path) -> Iterator[None]:
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """A safetensors file's tensors (on the CPU); a missing or corrupt file is one
     :class:`~.errors.UniverseError` line naming it (a rerun recomputes it)."""
-    from safetensors.torch import load_file
-
     try:
         return load_file(str(path))
     except Exception as e:
@@ -119,8 +119,6 @@ def damage(path: str | Path) -> str | None:
         if p.suffix == ".json":
             data = json.loads(p.read_bytes())
             return None if isinstance(data, dict) else "not a JSON object"
-        from safetensors import safe_open
-
         with safe_open(str(p), "pt"):
             return None
     except FileNotFoundError:
@@ -156,8 +154,6 @@ _DEEPEST_OUT = ("transforms", "{key}", "transform.safetensors")
 def deepest_paths(work: str | Path, keys: Sequence[str], out: str | Path | None = None) -> list[Path]:
     """The longest paths a run writes: in its work folder, and in its output folder
     ``out`` (at its final name and in the staging folder beside it)."""
-    from ..outputs import STAGING_PREFIX
-
     key = max(keys, key=lambda k: len(os.fsencode(k)), default="model")
     paths = [Path(os.path.abspath(work)).joinpath(*(n.format(key=key) for n in _DEEPEST))]
     if out is not None:
@@ -171,8 +167,6 @@ def check_paths(what: str | Path, paths: Sequence[Path]) -> None:
     """Refuse, before any work, files that would be named longer than the file system
     allows (a name over its name limit, a path over its path limit): one line,
     ``cannot write WHAT: File name too long``."""
-    import errno
-
     for path in paths:
         probe = path.parent
         while not probe.exists() and probe != probe.parent:
