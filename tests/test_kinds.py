@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from symspec.errors import GroupError
-from symspec.groups import REGISTRY, NoEntry, has_entry, kind_entry
+from symspec.groups import REGISTRY, NoEntry, S, has_entry, kind_entry
 
 from .toy_kinds import Cyc, registered
 
@@ -153,6 +153,15 @@ def test_match_refuses_the_toy_kind_without_a_solver_naming_it(toy: Any) -> None
 
     with pytest.raises(SolverError, match=r"^no weight-matching solver for group kind 'Cyc' \(Cyc\(5\)\): none registered"):
         align(MLP(3, 5, 4, 0), MLP(3, 5, 4, 1), toy)
+
+
+def test_learned_matching_refuses_the_toy_kind_naming_the_missing_parametrisation(toy: Any) -> None:
+    from symspec.learned.parametrize import ParamSettings, parametrize
+    from symspec.solvers import SolverError
+
+    with pytest.raises(SolverError, match=r"^no learned parametrisation for group kind 'Cyc' \(Cyc\(5\)\): none registered"):
+        parametrize(Cyc(5), Cyc(5).identity(), ParamSettings())
+    assert parametrize(S(5), S(5).identity(), ParamSettings()) is not None  # a registered kind has one
 
 
 def _brute_force(group: Any, terms: Any, current: Any, ctx: Any) -> Any:
