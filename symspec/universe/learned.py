@@ -4,7 +4,7 @@ After the rounds of universe (weight) matching, every model's element is refined
 the loss of merged models: at each step, weights ``w ~ Dirichlet(alpha 1)`` over the N
 models (``alpha = 0.1``: most draws near the simplex's edges and corners, some inside),
 and the loss of ``sum_i w_i h_i g_i theta_i`` on a batch of the train split, trained
-over the ``h_i`` (:func:`symspec.learned.method.learn`, the same parametrisations and
+over the ``h_i`` (:func:`symspec.learned.loop.learn`, the same parametrisations and
 schedule as learned matching of a pair). The reference model's ``h`` stays the identity:
 a symmetry applied to every model at once changes no merged model's function, so fixing
 one removes that freedom without losing anything. Validation is the uniform merge
@@ -24,7 +24,8 @@ import attrs
 import numpy as np
 import torch
 
-from ..learned.method import LearnedOptions, Mixture, learn
+from ..learned.loop import Mixture, learn
+from ..learned.method import LearnedOptions
 from ..solvers import embed, restrict_problem
 from ..transforms import apply_elements
 from .algorithm import RunningMean

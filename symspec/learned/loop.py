@@ -1,0 +1,404 @@
+"""Learned matching's training loop (:func:`learn`) and what it trains through: a
+:class:`Mixture` of models of one architecture mixed in weight space, evaluated with one
+module instance. :func:`align_pair` is :class:`~.method.LearnedMatching`'s run for a
+pair; universe refinement (:mod:`symspec.universe.learned`) and free directions
+(:mod:`symspec.width.free`) train through the same loop and mixture. See
+:mod:`.method` and docs/learned.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from ..alignment.protocol import Alignment, AlignOptions, Endpoint
+from ..checker import DEFAULT_RTOL, compare, flatten_outputs
+from ..data import call_model
+from ..data.base import batch_len, move
+from ..errors import SymspecInputError
+from ..groups import Element
+from ..precision import KeepFloat64
+from ..problem import Problem
+from ..solvers import MatchEvent, SolverError, Timer, match_weights
+from ..statedict import functional_names
+from ..transforms import apply_elements
+from .method import LearnedOptions, lambda_sampler
+from .parametrize import LinearParam, ParamSettings, parametrize
+
+
+def _rows(x: Any, i: int, j: int) -> Any:
+    """Examples ``i:j`` of batch inputs or targets (tensors, mappings, tuples, lists)."""
+    if isinstance(x, torch.Tensor):
+        return x[i:j]
+    if isinstance(x, Mapping):
+        return {k: _rows(v, i, j) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_rows(v, i, j) for v in x)
+    return x
+
+
+def _rebatch(batches: list[tuple[Any, Any]], size: int | None) -> list[tuple[Any, Any]]:
+    """The data's batches cut into batches of at most ``size`` examples."""
+    if size is None:
+        return list(batches)
+    out = []
+    for inputs, targets in batches:
+        n = batch_len(targets)
+        for i in range(0, n, size):
+            out.append((_rows(inputs, i, i + size), _rows(targets, i, i + size)))
+    return out
+
+
+def _schedule(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up to 1, then cosine decay to 0 (multiplier of the peak rate)."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    span = max(total - warmup, 1)
+    return 0.5 * (1 + math.cos(math.pi * min(step - warmup, span) / span))
+
+
+class Mixture:
+    """Models of one architecture mixed in weight space and evaluated with one module
+    instance (``functional_call``): what learned matching trains through, for a pair
+    (weights ``1 - lambda, lambda``) and for universe refinement (Dirichlet weights).
+    ``states``: canonical state dicts, moved to ``device`` in the module's dtypes."""
+
+    def __init__(self, problem: Problem, module: torch.nn.Module, states: list[Mapping[str, torch.Tensor]],
+                 device: str | torch.device) -> None:
+        self.problem = problem
+        self.device = torch.device(device)
+        if any(p.device != self.device for p in module.parameters()):
+            module = copy.deepcopy(module).to(self.device)
+        self.module = module.eval()
+        self.names, _ = functional_names(self.module)
+        self.dtype = next((p.dtype for p in self.module.parameters() if p.is_floating_point()), torch.float32)
+        own = self.module.state_dict()
+        self.states = []
+        for i, sd in enumerate(states):
+            missing = [k for k in self.names if k not in sd]
+            if missing:
+                raise SymspecInputError(f"learned matching: model {i} lacks {', '.join(missing[:3])}")
+            self.states.append({k: sd[k].detach().to(self.device, own[k].dtype) for k in self.names})
+
+    def inputs(self, x: Any) -> Any:
+        return move(x, self.device, self.dtype)
+
+    def transformed(self, i: int, elements: Mapping[str, Element],
+                    actions: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
+        """Model ``i`` acted on by ``elements`` (differentiable in them)."""
+        return apply_elements(self.problem, elements, self.states[i], actions)
+
+    def mix(self, states: list[Mapping[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
+        """sum_i w_i states[i] (the first state's entries where they are not floating point)."""
+        out = {}
+        for k, v0 in states[0].items():
+            if not v0.is_floating_point():
+                out[k] = v0
+                continue
+            acc = v0 * weights[0]
+            for sd, w in zip(states[1:], weights[1:]):
+                acc = acc + sd[k].to(v0.dtype) * w
+            out[k] = acc
+        return out
+
+    def loss(self, data: Any, weights: Mapping[str, torch.Tensor], batch: tuple[Any, Any]) -> torch.Tensor:
+        inputs, targets = batch
+        out = call_model(lambda *x, **k: torch.func.functional_call(self.module, dict(weights), x, k), self.inputs(inputs))
+        return data.loss(out, targets.to(self.device))
+
+    def mean_loss(self, data: Any, weights: Mapping[str, torch.Tensor], batches: list[tuple[Any, Any]]) -> float:
+        """Mean loss over ``batches`` (weighted by their targets), no gradients."""
+        with torch.no_grad():
+            total, count = 0.0, 0
+            for batch in batches:
+                n = int(batch[1].numel())
+                total += float(self.loss(data, weights, batch)) * n
+                count += n
+        return total / max(count, 1)
+
+
+def float64_difference(module: torch.nn.Module, device: Any, before: Mapping[str, torch.Tensor],
+                       after: Mapping[str, torch.Tensor], batch: tuple[Any, Any], examples: int) -> tuple[float, float]:
+    """(max absolute, max relative) difference between ``module``'s outputs with the
+    weights ``before`` and with ``after`` (functional names) on ``examples`` examples of
+    ``batch``, in float64 throughout: casts a model writes (RMSNorm computed in float32)
+    are kept in float64, as the checker does."""
+    m64 = copy.deepcopy(module).to(device, torch.float64).eval()
+    inputs = move(_rows(batch[0], 0, examples), device, torch.float64)
+
+    def forward(sd: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        w = {k: v.detach().to(device, torch.float64) if v.is_floating_point() else v.to(device) for k, v in sd.items()}
+        with torch.no_grad(), KeepFloat64():
+            return flatten_outputs(call_model(lambda *x, **k: torch.func.functional_call(m64, w, x, k), inputs))
+
+    return compare(forward(before), forward(after))
+
+
+def check_function(run: Mixture, b_state: Mapping[str, torch.Tensor], elements: Mapping[str, Element],
+                   batch: tuple[Any, Any], examples: int, cond: float) -> dict[str, Any]:
+    """``elements`` acting on ``b_state`` keep its function: outputs on ``examples``
+    examples of ``batch``, in float64, within 1e-9 relative scaled by ``cond / 10`` (the
+    worst condition number of the elements; the checker's elements have at most 10)."""
+    b64 = {k: v.detach().to(run.device, torch.float64) if v.is_floating_point() else v.to(run.device)
+           for k, v in b_state.items() if k in run.names}
+    e64 = {s: {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in e.items()} for s, e in elements.items()}
+    aligned = apply_elements(run.problem, e64, b64)
+    max_abs, max_rel = float64_difference(run.module, run.device, b64, aligned, batch, examples)
+    rtol = DEFAULT_RTOL["float64"] * max(1.0, cond / 10.0)
+    return {"examples": examples, "dtype": "float64", "max_abs": max_abs, "max_rel": max_rel, "rtol": rtol,
+            "passed": math.isfinite(max_rel) and max_rel <= rtol}
+
+
+def start_element(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions,
+                  opts: LearnedOptions) -> tuple[dict[str, Element], dict[str, Any]]:
+    """The starting element: ``options.init`` where given, else weight matching's."""
+    if options.init is not None:
+        missing = [s for s in problem.spaces if s not in options.init]
+        init = dict(options.init)
+        for s in missing:
+            init[s] = problem.spaces[s].group.identity()
+        return init, {"start": "given"}
+    res = match_weights(problem, a.state, b.state, rounds=options.rounds, tol=options.tol, device=options.device,
+                        dtype=options.dtype, progress=options.progress, timer=options.timer, options=opts.solver)
+    elements = dict(res.elements)
+    for s in problem.spaces:
+        elements.setdefault(s, problem.spaces[s].group.identity())
+    return elements, {"start": "weight matching", "weight_matching_objective": res.history}
+
+
+def align_pair(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions, opts: LearnedOptions) -> Alignment:
+    """Learned matching of B to A (:class:`~.method.LearnedMatching`, with its options ``opts``)."""
+    timer = options.timer or Timer()
+    t_start = time.perf_counter()
+    with timer("start"):
+        start, info = start_element(problem, a, b, options, opts)
+    assert a.module is not None
+    mixture = Mixture(problem, a.module, [a.state, b.state], options.device)
+    lo, hi = lambda_sampler(opts.lam)
+
+    def weights(gen: torch.Generator) -> list[float]:
+        lam = lo + (hi - lo) * float(torch.rand((), generator=gen, dtype=torch.float64))
+        return [1.0 - lam, lam]
+
+    found = learn(mixture, {1: start}, weights, [0.5, 0.5], options.data, options.validation, opts,
+                  progress=options.progress, timer=timer)
+    info.update({"lambda": opts.lam, **found.info})
+    info["best_val_midpoint_loss"] = info.pop("best_val_loss")
+    info["val_midpoint_loss"] = info.pop("val_loss")
+    info["check"] = found.checks[1]
+    elements = {s: {k: v.detach().to("cpu") for k, v in e.items()} for s, e in found.elements[1].items()}
+    return Alignment(elements, found.history, {"total_learned": time.perf_counter() - t_start}, converged=True,
+                     aligned=None, info=info)
+
+
+@attrs.define
+class Learned:
+    """What :func:`learn` found: per learned model, its best element (one per space) and
+    the function check of it; the validation loss before the first step and at every
+    validation (``history``); ``info`` (curves, settings, per-space facts)."""
+
+    elements: dict[int, dict[str, Element]]
+    checks: dict[int, dict[str, Any]]
+    history: list[float]
+    info: dict[str, Any]
+
+
+def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: Any, val_weights: list[float],
+          data: Any, validation: Any, opts: LearnedOptions, *, progress: Any = None, timer: Any = None) -> Learned:
+    """Train the elements of the models ``start`` names (model index -> starting element
+    per space; the other models stay as they are) for the loss of
+    ``mixture.mix(models, sample(gen))``, validating ``mixture.mix(models, val_weights)``
+    with the elements projected exactly; the best validation wins. Every learned model's
+    best element is then checked to keep its model's function (a failure raises)."""
+    timer = timer or Timer()
+    problem = mixture.problem
+    train, val, held_out = split_batches(data, validation, opts)
+    steps = opts.steps or (max(1, round(opts.epochs * len(train))) if opts.epochs else 500)
+    settings = ParamSettings(orthogonal=opts.orthogonal, permutations=opts.permutations, device=mixture.device)
+    params = {i: {s: parametrize(problem.spaces[s].group, {k: v.to(mixture.device) for k, v in e[s].items()}, settings)
+                  for s in problem.spaces}
+              for i, e in start.items()}
+    latents = [t for ps in params.values() for p in ps.values() for t in p.latents()]
+    gen = torch.Generator().manual_seed(opts.seed)
+
+    def validate() -> float:
+        with torch.no_grad():
+            return mixture.mean_loss(data, mixture.mix(_models(mixture, _projected_all(params)), val_weights), val)
+
+    best_val = validate()
+    # the start, projected: exactly in its groups (weight matching's orthogonal maps are
+    # orthogonal to the working precision only)
+    best = _projected_all(params)
+    best_step, history, val_curve = 0, [best_val], [(0, best_val)]
+    train_curve: list[tuple[int, float]] = []
+    info = _settings_info(opts, steps, train, val, held_out, latents)
+    if not latents:  # every space frozen (a permutation-only problem with frozen permutations)
+        info["note"] = "nothing to learn: every searched group is frozen (try --permutations ste)"
+        steps = 0
+    opt = torch.optim.AdamW(latents, lr=opts.lr, weight_decay=opts.weight_decay) if latents else None
+    warmup = int(opts.warmup * steps)
+    order = shuffled_order(len(train), gen)
+    window: list[float] = []
+    reached = _max_condition(params)
+    if progress is not None:
+        progress(MatchEvent("start", 0, steps, total=steps, objective=best_val))
+    with timer("learn"):
+        for step in range(steps):
+            assert opt is not None
+            _anneal(params, opt, step, steps, warmup, opts)
+            if not order:
+                order = shuffled_order(len(train), gen)
+            batch = train[order.pop()]
+            last = _train_step(mixture, params, data, opt, batch, sample(gen), step)
+            window.append(last)
+            done = step + 1
+            if done % opts.eval_every == 0 or done == steps:
+                train_curve.append((done, sum(window) / len(window)))
+                window = []
+                with timer("validate"):
+                    v = validate()
+                    reached = max(reached, _max_condition(params))
+                val_curve.append((done, v))
+                history.append(v)
+                if v < best_val:
+                    best_val, best_step, best = v, done, _projected_all(params)
+            if progress is not None:  # the step's loss, and the last validation's
+                progress(MatchEvent("step", done, steps, space=f"{last:.4g}", done=done, total=steps,
+                                    objective=val_curve[-1][1]))
+    spaces = {i: _describe(ps) for i, ps in params.items()}
+    info.update({"best_step": best_step, "best_val_loss": best_val, "val_loss": val_curve, "train_loss": train_curve,
+                 "spaces": spaces[next(iter(spaces))] if len(spaces) == 1 else {str(i): d for i, d in spaces.items()}})
+    cond = _max_condition(params)  # the last step's
+    info["max_condition"] = cond
+    info["max_condition_reached"] = max(reached, cond)  # over every validation
+    with timer("check"):
+        checks = _checked(mixture, best, (val or train)[0], opts.check_examples, cond)
+    return Learned(best, checks, history, info)
+
+
+def _models(mixture: Mixture, elements: Mapping[int, Mapping[str, Element]],
+            actions: Mapping[int, Mapping[str, Any]] | None = None) -> list[Any]:
+    """The mixture's models, those ``elements`` names acted on by their elements."""
+    return [mixture.transformed(i, elements[i], (actions or {}).get(i)) if i in elements else mixture.states[i]
+            for i in range(len(mixture.states))]
+
+
+def _settings_info(opts: LearnedOptions, steps: int, train: list[Any], val: list[Any], held_out: bool,
+                   latents: list[torch.Tensor]) -> dict[str, Any]:
+    """The run's settings, as :func:`learn`'s ``info`` starts."""
+    return {
+        "steps": steps, "eval_every": opts.eval_every, "permutations": opts.permutations, "orthogonal": opts.orthogonal, "lr": opts.lr,
+        "batch_size": opts.batch_size, "train_batches": len(train),
+        "validation": ("val split" if not held_out
+                       else f"the last {sum(batch_len(t) for _, t in val)} train examples, held out"),
+        "latents": int(sum(t.numel() for t in latents))}
+
+
+def _anneal(params: Mapping[int, Mapping[str, Any]], opt: torch.optim.Optimizer, step: int, steps: int, warmup: int,
+            opts: LearnedOptions) -> None:
+    """Before step ``step``: every parametrisation's annealing, and the learning rate."""
+    for ps in params.values():
+        for p in ps.values():
+            p.anneal(step / max(steps - 1, 1))
+    for g in opt.param_groups:
+        g["lr"] = opts.lr * _schedule(step, steps, warmup)
+
+
+def _train_step(mixture: Mixture, params: Mapping[int, Mapping[str, Any]], data: Any, opt: torch.optim.Optimizer,
+                batch: tuple[Any, Any], w: list[float], step: int) -> float:
+    """One optimiser step on the loss of the models mixed with weights ``w`` on ``batch``;
+    the loss (a loss that is not finite raises)."""
+    elements = {i: {s: p.element() for s, p in ps.items()} for i, ps in params.items()}
+    actions = {i: {s: act for s, p in ps.items() if (act := p.action()) is not None} for i, ps in params.items()}
+    loss = mixture.loss(data, mixture.mix(_models(mixture, elements, actions), w), batch)
+    last = float(loss.detach())
+    if not math.isfinite(last):
+        raise SolverError(f"learned matching: the interpolated model's loss at step {step + 1} is not finite "
+                          "(lower --lr?)")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return last
+
+
+def _checked(mixture: Mixture, best: Mapping[int, Mapping[str, Element]], batch: tuple[Any, Any], examples: int,
+             cond: float) -> dict[int, dict[str, Any]]:
+    """The function check of every learned model's best element (a failure raises)."""
+    checks = {}
+    for i in best:
+        checks[i] = check_function(mixture, mixture.states[i], best[i], batch, examples, cond)
+        if not checks[i]["passed"]:
+            c = checks[i]
+            raise SolverError(f"learned matching: the aligned model {i} does not compute its model's function (max "
+                              f"relative error {c['max_rel']:.2e} > {c['rtol']:.0e} in float64); the element is not "
+                              "returned")
+    return checks
+
+
+def _max_condition(params: Mapping[int, Mapping[str, Any]]) -> float:
+    """The worst condition number of the learned GL maps now (1 without any)."""
+    worst = 1.0
+    with torch.no_grad():
+        for ps in params.values():
+            for p in ps.values():
+                for q in [p, *getattr(p, "parts", {}).values()]:
+                    if isinstance(q, LinearParam):
+                        worst = max(worst, float(torch.linalg.cond(q.element()["matrix"]).max()))
+    return worst
+
+
+def _projected_all(params: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Element]]:
+    return {i: _projected(ps) for i, ps in params.items()}
+
+
+def _projected(params: Mapping[str, Any]) -> dict[str, Element]:
+    with torch.no_grad():
+        return {s: p.project() for s, p in params.items()}
+
+
+def _describe(params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per space, facts about the current element (the last step's)."""
+    with torch.no_grad():
+        return {s: d for s, p in params.items() if (d := p.describe())}
+
+
+def shuffled_order(n: int, gen: torch.Generator) -> list[int]:
+    """A random order of ``n`` batches (from ``gen``), to pop from its end."""
+    return torch.randperm(n, generator=gen).tolist()
+
+
+def split_batches(data: Any, validation: Any, opts: LearnedOptions) -> tuple[list[Any], list[Any], bool]:
+    """(train batches, validation batches, whether validation was held out of train).
+    Without validation data, the last tenth of the train examples (at least one) is held
+    out, cutting a batch where needed."""
+    batches = list(getattr(data, "batches", None) or [])
+    if not batches:
+        raise SymspecInputError("learned matching: the data has no batches to learn on")
+    val = list(getattr(validation, "batches", None) or [])
+    held_out = False
+    if not val:
+        sizes = [batch_len(t) for _, t in batches]
+        total = sum(sizes)
+        if total < 2:
+            raise SymspecInputError("learned matching needs validation data, or at least 2 train examples to hold one out")
+        keep = total - max(1, total // 10)  # examples left to train on
+        train: list[Any] = []
+        for (inputs, targets), n in zip(batches, sizes):
+            take = min(n, keep)
+            if take == n:
+                train.append((inputs, targets))
+            else:
+                if take > 0:
+                    train.append((_rows(inputs, 0, take), _rows(targets, 0, take)))
+                val.append((_rows(inputs, take, n), _rows(targets, take, n)))
+            keep -= take
+        batches, held_out = train, True
+    if opts.val_batches is not None:
+        val = val[: opts.val_batches]
+    return _rebatch(batches, opts.batch_size), val, held_out
