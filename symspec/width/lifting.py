@@ -26,6 +26,10 @@ writer:
   unscaled, as a fitted lift chooses (a scaling is a group element of the wide model, so
   the lift followed by it is a lift).
 
+Each kind's lift is its entry in :data:`LIFTS` (one small function per kind); the trivial
+group, the RoPE commutant and mixtures of experts have none (a ``NoEntry`` that says why):
+their spaces lift only where their group is the same in both models (by the identity).
+
 The lift acts on B's canonical form (norms folded, writers centred) and writes A's
 canonical structure (a tie the spec unties stays untied); norm parameters that the fold
 made constant take A's width with the same constant.
@@ -43,10 +47,13 @@ import attrs
 import torch
 
 from ..binding import BoundSpec, bind
+from ..checker import _cast_inputs, call_forward, compare, copy_as, flatten_outputs
 from ..errors import SymspecInputError
 from ..groups import Group, Heads, NoEntry, RoPE, centred_basis, kind_entry, make_generator
 from ..groups.semiperm import SemiPermutation
+from ..precision import KeepFloat64
 from ..problem import ParamBinding
+from ..spec import load_spec
 from ..spec.model import Spec
 from ..transforms.canonicalize import canonicalize_state_dict, canonicalize_structure
 
@@ -385,8 +392,6 @@ def lift_needed(spec: Any, wide: torch.nn.Module, narrow: torch.nn.Module) -> di
     BoundSpec, a built-in name or a path; models that do not fit the spec at all give {}
     (the usual check that follows says how), while a depth difference or a narrower
     ``wide`` is still a :class:`LiftError`."""
-    from ..spec import load_spec
-
     try:
         plain = spec if isinstance(spec, Spec) else spec.spec if isinstance(spec, BoundSpec) else load_spec(spec)
         return width_changes(plain, wide, narrow)
@@ -398,9 +403,6 @@ def lift_needed(spec: Any, wide: torch.nn.Module, narrow: torch.nn.Module) -> di
 
 def check_lift(narrow: torch.nn.Module, lifted: torch.nn.Module, inputs: Any, dtype: torch.dtype = torch.float64) -> float:
     """Max relative difference of the two models' outputs on ``inputs`` in ``dtype``."""
-    from ..checker import _cast_inputs, call_forward, compare, copy_as, flatten_outputs
-    from ..precision import KeepFloat64
-
     a, b = copy_as(narrow, dtype), copy_as(lifted, dtype)
     x = _cast_inputs(inputs, dtype)
     keep = KeepFloat64() if dtype == torch.float64 else None
