@@ -7,8 +7,10 @@ Tasks that exchange files need them on storage every node reads.
 from __future__ import annotations
 
 import os
+import socket
 from collections import deque
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import SymspecInputError
 from .local import OnDone, crashed
@@ -35,8 +37,6 @@ def ray_endpoint(address: str) -> tuple[str, int] | None:
     >>> ray_endpoint("ray://head:10001"), ray_endpoint("10.0.0.5:6379"), ray_endpoint("local")
     (('head', 10001), ('10.0.0.5', 6379), None)
     """
-    from urllib.parse import urlsplit
-
     addr = address.strip()
     if addr == "auto":
         addr = os.environ.get("RAY_ADDRESS", "").strip() or "auto"
@@ -60,8 +60,6 @@ def ray_endpoint(address: str) -> tuple[str, int] | None:
 def _this_machine_ip() -> str | None:
     """The address other machines reach this one at (a UDP socket's source address for a
     public destination; nothing is sent), or None offline."""
-    import socket
-
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect(("192.0.2.1", 9))  # TEST-NET-1: only the routing table is consulted
@@ -74,8 +72,6 @@ def check_ray_address(address: str, timeout: float = RAY_CONNECT_TIMEOUT) -> Non
     """Raise :class:`SymspecInputError` unless ``address`` (see :func:`ray_endpoint`)
     accepts a TCP connection within ``timeout`` seconds. ``ray.init`` retries an address
     that does not answer for minutes before it gives up; this says so in seconds."""
-    import socket
-
     end = ray_endpoint(address)
     if end is None:
         return
@@ -112,7 +108,7 @@ class RayExecutor:
     def __init__(self, address: str, jobs: int | None = None, setup: str | None = None, *, gpus: float = 0.0,
                  retries: int = 0) -> None:
         try:
-            import ray
+            import ray  # optional: the ray extra
         except ImportError as e:
             raise SymspecInputError("--ray needs Ray: pip install 'symspec[ray]'") from e
         self.ray = ray

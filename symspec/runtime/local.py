@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import attrs
@@ -75,9 +80,6 @@ def _watch_parent(parent: int) -> None:
     """Stop this worker when its parent is gone (it is then adopted by another
     process): a task's result would have nowhere to go. A thread polls; SIGTERM makes
     the main thread unwind, even inside a long task."""
-    import threading
-    import time
-
     def stop(signum: int, frame: object) -> None:
         if os.getppid() == parent:  # SIGTERM from someone else: die of it, as before
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -99,8 +101,6 @@ def serve(read_fd: int, write_fd: int, parent: int | None = None) -> None:
     or until the parent (pid ``parent``) or its pipes are gone: then it exits quietly,
     never with a traceback. The first message carries the parent's ``sys.path`` and the
     setup hook."""
-    import sys
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     if parent is not None:
         _watch_parent(parent)
@@ -116,9 +116,6 @@ def serve(read_fd: int, write_fd: int, parent: int | None = None) -> None:
 
 
 def _serve(read_fd: int, write_fd: int) -> None:
-    import sys
-    from multiprocessing.connection import Connection
-
     rx = Connection(read_fd, writable=False)
     tx = Connection(write_fd, readable=False)
     try:
@@ -167,10 +164,6 @@ class ProcessExecutor:
         self.max_in_flight = 0
 
     def _start(self) -> _Worker:
-        import subprocess
-        import sys
-        from multiprocessing.connection import Connection
-
         task_r, task_w = os.pipe()
         res_r, res_w = os.pipe()
         code = f"from symspec.runtime.local import serve; serve({task_r}, {res_w}, {os.getpid()})"
@@ -214,8 +207,6 @@ class ProcessExecutor:
         return result
 
     def run(self, tasks: list[Task], on_done: OnDone) -> None:
-        from multiprocessing.connection import wait
-
         pending = deque(tasks)
         busy: dict[_Worker, Task] = {}
         try:

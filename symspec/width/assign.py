@@ -32,6 +32,8 @@ import attrs
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from ..solvers.convex import solve
+
 METHODS = ("exact", "lp", "greedy")
 
 
@@ -90,7 +92,7 @@ def _greedy(c: torch.Tensor) -> Assignment:
 
 
 def _lp(c: torch.Tensor) -> Assignment:
-    import cvxpy as cp
+    import cvxpy as cp  # optional: the convex extra
 
     na, nb = c.shape
     x = cp.Variable((na, nb), nonneg=True)
@@ -99,8 +101,6 @@ def _lp(c: torch.Tensor) -> Assignment:
     solver = next((s for s in ("HIGHS", "CLARABEL", "SCS") if s in cp.installed_solvers()), None)
     if solver is None:
         raise RuntimeError("cvxpy has no LP solver installed (HiGHS, Clarabel or SCS)")
-    from ..solvers.convex import solve
-
     solve(problem, solver)  # Ctrl-C inside SCS is KeyboardInterrupt, not a failed solve
     if x.value is None:
         raise RuntimeError(f"the LP relaxation did not solve ({problem.status})")

@@ -39,8 +39,12 @@ from typing import Any
 import attrs
 import torch
 
+from ..alignment import align
+from ..alignment.activation import ActivationOptions, collect_moments
 from ..binding import bind
 from ..groups import NoEntry
+from ..problem import take_segment
+from ..solvers.engine.activation_statistics import activation_problem
 from ..spec.model import Spec
 from .assign import semiperm_assignment
 from .lifting import (
@@ -187,8 +191,6 @@ def _head_circuits(problem: Any, sd: Mapping[str, torch.Tensor], space: str, hea
     unchanged by the per-head GL maps and by the order of query heads inside a group, so
     heads of A and of B compare on them; a copy of a head has the same QK circuit and a
     share of its OV circuit."""
-    from ..problem import take_segment
-
     k, g = heads.kv, heads.group_size
     sides: dict[str, list[torch.Tensor]] = {"q": [], "k": [], "v": [], "o": []}
     for name, b in problem.params.items():
@@ -257,9 +259,6 @@ def fitted_lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, s
     (activation matching's): the residual map from the residual sites' cross-covariance,
     the unit copies and scales from the hidden units'. ``inputs``: checked as
     :func:`~.lifting.lift` does."""
-    from ..alignment import align
-    from ..alignment.activation import ActivationOptions
-
     say = progress or (lambda msg: None)
     ba, bb = bind(spec, wide), bind(spec, narrow)
     canon_a, canon_b = _as_bound(ba.problem, canonical_f64(ba, wide)), canonical_f64(bb, narrow)
@@ -337,9 +336,6 @@ def _site_vectors(res: Any, partial: LiftResult, data: Any,
     tensors (``L_A L_B^T = C``, ``L_B L_B^T = G``, rows comparable across the models:
     ||L_A,k - L_B,j||^2 = E||x_A,k - x_B,j||^2 up to a constant per k), and B's units
     are read at the first copy of each."""
-    from ..alignment.activation import collect_moments
-    from ..solvers.engine.activation_statistics import activation_problem
-
     problem = res.bound.problem
     module = res.canonical_model
     dtype = next(iter(module.parameters())).dtype

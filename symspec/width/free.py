@@ -27,7 +27,13 @@ from typing import Any
 import attrs
 import torch
 
+from ..checker import DEFAULT_RTOL
 from ..errors import SymspecInputError
+from ..learned.loop import Mixture, float64_difference, shuffled_order, split_batches
+from ..learned.method import LearnedOptions, lambda_sampler
+from ..solvers import MatchEvent
+from ..statedict import functional_names
+from ..transforms import apply_elements
 
 
 def free_readers(problem: Any, sd: Mapping[str, torch.Tensor], lifted: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[int, torch.Tensor]]:
@@ -79,10 +85,6 @@ def learn_free(result: Any, data: Any, validation: Any = None, *, steps: int = 3
     ``info["lift"]["free"]`` says what was done (and the function check). ``progress``:
     called with a :class:`~symspec.solvers.MatchEvent` at the start and after every step,
     as learned matching does."""
-    from ..learned.method import LearnedOptions, Mixture, _order, _splits, lambda_sampler
-    from ..solvers import MatchEvent
-    from ..transforms import apply_elements
-
     lift = (result.info or {}).get("lift")
     if not lift:
         raise SymspecInputError("learn_free: B was not lifted (A and B have the same widths): nothing is free")
@@ -92,19 +94,29 @@ def learn_free(result: Any, data: Any, validation: Any = None, *, steps: int = 3
         raise SymspecInputError(f"learn_free: steps must be at least 1, got {steps}")
     problem = result.bound.problem
     readers = free_readers(problem, result.aligned_b, lift["spaces"])
-    lo, hi = lambda_sampler(lam)
     info: dict[str, Any] = {"steps": steps, "lr": lr, "lambda": lam, "params": sorted(readers)}
     if not readers:
         info["note"] = "no free directions: no widened residual with readers that only read it"
         return _with_free(result, result.aligned_b, result.canonical_b, info)
     opts = LearnedOptions(steps=steps, lr=lr, batch_size=batch_size, seed=seed)
-    train, val, held_out = _splits(data, validation, opts)
+    train, val, held_out = split_batches(data, validation, opts)
     mixture = Mixture(problem, result.canonical_model, [result.canonical_a, result.aligned_b], device)
+    best_free = _train(mixture, readers, data, train, val, opts, lambda_sampler(lam), progress, info)
+    info["validation"] = "val split" if not held_out else "held out of the train split"
+    return _adopt(result, readers, best_free, (val or train)[0], info)
+
+
+def _train(mixture: Mixture, readers: Mapping[str, tuple[int, torch.Tensor]], data: Any, train: list[Any],
+           val: list[Any], opts: LearnedOptions, lam: tuple[float, float], progress: Any,
+           info: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Adam on the free directions for the interpolated model's loss at lambda drawn in
+    ``lam``; the best step's directions on the validation batches (reported in ``info``)."""
+    steps, (lo, hi) = opts.steps, lam
     a_state, b_state = mixture.states
     proj = {n: (axis, c.to(mixture.device)) for n, (axis, c) in readers.items()}
     free = {n: torch.zeros_like(b_state[n], requires_grad=True) for n in proj}
-    opt = torch.optim.Adam(list(free.values()), lr=lr)
-    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(list(free.values()), lr=opts.lr)
+    gen = torch.Generator().manual_seed(opts.seed)
 
     def moved() -> dict[str, torch.Tensor]:
         out = dict(b_state)
@@ -119,12 +131,12 @@ def learn_free(result: Any, data: Any, validation: Any = None, *, steps: int = 3
 
     before = best = validate()
     best_free = {n: z.detach().clone() for n, z in free.items()}
-    best_step, order = 0, _order(len(train), gen)
+    best_step, order = 0, shuffled_order(len(train), gen)
     if progress is not None:
         progress(MatchEvent("start", 0, steps, total=steps, objective=before))
     for step in range(steps):
         if not order:
-            order = _order(len(train), gen)
+            order = shuffled_order(len(train), gen)
         t = lo + (hi - lo) * float(torch.rand((), generator=gen, dtype=torch.float64))
         loss = mixture.loss(data, mixture.mix([a_state, moved()], [1.0 - t, t]), train[order.pop()])
         if not math.isfinite(float(loss.detach())):
@@ -141,14 +153,21 @@ def learn_free(result: Any, data: Any, validation: Any = None, *, steps: int = 3
         if progress is not None:
             progress(MatchEvent("step", step + 1, steps, space=f"{float(loss.detach()):.4g}", done=step + 1,
                                 total=steps, objective=best))
-    info.update({"val_midpoint_loss_before": before, "val_midpoint_loss": best, "best_step": best_step,
-                 "validation": "val split" if not held_out else "held out of the train split"})
+    info.update({"val_midpoint_loss_before": before, "val_midpoint_loss": best, "best_step": best_step})
+    return best_free
+
+
+def _adopt(result: Any, readers: Mapping[str, tuple[int, torch.Tensor]], best_free: Mapping[str, torch.Tensor],
+           batch: Any, info: dict[str, Any]) -> Any:
+    """``result`` with the trained directions added to aligned B (and canonical B) when B
+    still computes its function with them on ``batch``; else as it was, with a note why."""
+    problem = result.bound.problem
     aligned = dict(result.aligned_b)
     for n, z in best_free.items():
         axis, c = readers[n]
         delta = _project(z.to("cpu", torch.float64), axis, c)
         aligned[n] = (result.aligned_b[n].double() + delta).to(result.aligned_b[n].dtype)
-    check = keeps_function(result.canonical_model, result.aligned_b, aligned, (val or train)[0])
+    check = keeps_function(result.canonical_model, result.aligned_b, aligned, batch)
     info["check"] = check
     if not check["passed"]:
         info["note"] = (f"not used: B with the trained directions does not compute B's function (max relative error "
@@ -174,10 +193,6 @@ def keeps_function(module: torch.nn.Module, before: Mapping[str, torch.Tensor], 
     """Whether ``after`` computes what ``before`` does in ``module`` (canonical form) on
     ``examples`` examples of ``batch``, evaluated in float64, to the checker's tolerance
     of the weights' dtype (1e-9 relative for float64 weights, 1e-4 for float32)."""
-    from ..checker import DEFAULT_RTOL
-    from ..learned.method import float64_difference
-    from ..statedict import functional_names
-
     names, _ = functional_names(module)
     max_abs, max_rel = float64_difference(module, "cpu", {k: before[k] for k in names}, {k: after[k] for k in names},
                                           batch, examples)
