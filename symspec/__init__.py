@@ -15,8 +15,7 @@ stays fast:
 from __future__ import annotations
 
 from ._lazy import lazy_exports
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 _EXPORTS = {
     "load_spec": "symspec.spec.load",

@@ -1,27 +1,99 @@
-"""The imports run one way: the core (``symspec/``) never imports the analyzers or the CLI
-(``analyzers/`` and ``cli/``, installed as ``symspec.analyzers`` and ``symspec.cli``), at
-module level or inside a function, and the transforms never import the binding."""
+"""The shape of the code, as rules a change can break.
+
+- **Floors.** Every module of ``symspec/`` (and ``analyzers/``, ``cli/``, installed as
+  ``symspec.analyzers`` and ``symspec.cli``) stands on one floor of :data:`FLOORS`, and
+  imports only its own floor or lower: at module level, inside a function, or through
+  ``importlib.import_module("...")`` with a literal name. Extensions (floor 5) register
+  themselves with the floors below; the floors below never name them.
+- **No circle between packages.** The graph of package -> package imports (the units of
+  :data:`FLOORS`: ``symspec.groups``, ``symspec.checker``, ...) has no cycle, within a floor
+  too.
+- **Size.** No function (``def`` line to last line) over :data:`MAX_FUNCTION` lines and no
+  file over :data:`MAX_FILE` lines in ``symspec/``, ``analyzers/`` or ``cli/``.
+
+Each rule has a negative case below: a snippet that breaks it, which the rule must flag.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
-CORE = Path(__file__).resolve().parent.parent / "symspec"
+ROOT = Path(__file__).resolve().parent.parent
+CORE = ROOT / "symspec"
+#: where each installed package's files live (pyproject's package-dir)
+SOURCES: dict[str, Path] = {
+    "symspec": CORE,
+    "symspec.analyzers": ROOT / "analyzers",
+    "symspec.cli": ROOT / "cli",
+}
 
-#: (importing package, packages it must not import)
-RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("symspec", ("symspec.analyzers", "symspec.cli")),
-    ("symspec.transforms", ("symspec.binding",)),
-)
+#: The floors, lowest first: floor -> the packages and modules standing on it. A module
+#: belongs to the longest entry its name starts with (``symspec`` alone is the facade,
+#: ``symspec/__init__.py``, so ``from symspec import align`` is an import of the top).
+FLOORS: dict[int, tuple[str, ...]] = {
+    0: (  # base
+        "symspec.errors", "symspec.io_util", "symspec.linalg", "symspec.process",
+        "symspec.progress", "symspec.precision", "symspec.outputs", "symspec.runtime",
+        "symspec._lazy", "symspec._version",
+    ),
+    1: (  # language: group text, spec text, the canonical step kinds' syntax
+        "symspec.groups", "symspec.spec",
+    ),
+    2: (  # compilation
+        "symspec.problem", "symspec.graph", "symspec.canonical", "symspec.binding",
+        "symspec.statedict", "symspec.transforms", "symspec.record", "symspec.checker",
+        "symspec.planting", "symspec.testing", "symspec.loading", "symspec.data",
+    ),
+    3: (  # solving: the weight-matching engine and the per-kind solvers
+        "symspec.solvers",
+    ),
+    4: (  # methods: the alignment registry, align()'s stages, the closed-form methods
+        "symspec.alignment",
+    ),
+    5: (  # extensions that register themselves
+        "symspec.width", "symspec.universe", "symspec.learned", "symspec.certify",
+        "symspec.inference",
+    ),
+    6: (  # top: the public facade, the analyzers, the CLI
+        "symspec", "symspec.analyzers", "symspec.cli",
+    ),
+}
+UNITS: dict[str, int] = {unit: floor for floor, units in FLOORS.items() for unit in units}
+TOP = max(FLOORS)
+MAX_FUNCTION = 80
+MAX_FILE = 600
 
 
-def module_name(path: Path, root: Path = CORE) -> str:
-    """``symspec/universe/api.py`` -> ``symspec.universe.api`` (a package: its ``__init__``'s name)."""
-    parts = ("symspec", *path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def unit_of(name: str) -> str | None:
+    """The entry of :data:`FLOORS` that ``name`` (a module, or ``module.attribute``) belongs to;
+    ``None`` outside symspec."""
+    owners = [unit for unit in UNITS if within(name, unit)]
+    return max(owners, key=len) if owners else None
+
+
+def module_name(path: Path) -> str:
+    """``symspec/universe/api.py`` -> ``symspec.universe.api``, ``cli/match.py`` ->
+    ``symspec.cli.match`` (a package: its ``__init__``'s name)."""
+    for package, root in SOURCES.items():
+        if path.is_relative_to(root):
+            parts = (*package.split("."), *path.relative_to(root).with_suffix("").parts)
+            return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    raise ValueError(f"{path} is not in symspec, analyzers or cli")
+
+
+def source_files() -> list[Path]:
+    # symspec.analyzers and symspec.cli are symspec's sub-packages only once installed: in the
+    # tree they are folders of their own, so CORE's walk does not see them twice
+    return sorted(p for root in SOURCES.values() for p in root.rglob("*.py"))
 
 
 def imported(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
@@ -46,25 +118,109 @@ def imported(source: str, module: str, is_package: bool = False) -> list[tuple[i
     return out
 
 
-def _within(name: str, package: str) -> bool:
-    return name == package or name.startswith(package + ".")
-
-
-def violations(source: str, module: str, is_package: bool = False) -> list[str]:
-    """The imports in ``source`` (the text of ``module``) that break :data:`RULES`."""
+def upward(source: str, module: str, is_package: bool = False) -> list[str]:
+    """The imports in ``source`` (the text of ``module``) of a floor above the module's own."""
+    own = UNITS[unit_of(module)]  # KeyError: a module on no floor (test_every_module_has_a_floor)
     found = []
     for line, name in imported(source, module, is_package):
-        for importer, forbidden in RULES:
-            if _within(module, importer) and any(_within(name, f) for f in forbidden):
-                found.append(f"{module}:{line}: imports {name}")
+        unit = unit_of(name)
+        if unit is not None and UNITS[unit] > own:
+            found.append(f"{module}:{line}: imports {name} (floor {UNITS[unit]} {unit}) "
+                         f"from floor {own}")
     return found
 
 
-def test_core_imports_run_one_way() -> None:
-    files = sorted(CORE.rglob("*.py"))
-    assert len(files) > 50  # the walk found the package
-    bad = [v for f in files for v in violations(f.read_text(), module_name(f), f.name == "__init__.py")]
+def package_graph(modules: Iterable[tuple[str, str, bool]]) -> nx.DiGraph:
+    """Package -> package imports (the units of :data:`FLOORS`) of ``(module, source,
+    is_package)`` triples; each edge keeps one import that makes it, for the message."""
+    graph = nx.DiGraph()
+    for module, source, is_package in modules:
+        mine = unit_of(module)
+        graph.add_node(mine)
+        for line, name in imported(source, module, is_package):
+            theirs = unit_of(name)
+            if theirs is not None and theirs != mine and not graph.has_edge(mine, theirs):
+                graph.add_edge(mine, theirs, why=f"{module}:{line} imports {name}")
+    return graph
+
+
+def circles(graph: nx.DiGraph) -> list[str]:
+    """Each cycle of ``graph``, written with the import behind every edge."""
+    found = []
+    for cycle in nx.simple_cycles(graph):
+        edges = zip(cycle, [*cycle[1:], cycle[0]])
+        found.append(" -> ".join([*cycle, cycle[0]]) + ": "
+                     + "; ".join(graph.edges[a, b]["why"] for a, b in edges))
+    return found
+
+
+def functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def long_functions(source: str, where: str) -> list[str]:
+    """The functions (methods and nested ones too) over :data:`MAX_FUNCTION` lines, counted
+    from the ``def`` line to the last line."""
+    return [f"{where}:{node.lineno}: {node.name} has {node.end_lineno - node.lineno + 1} lines"
+            for node in functions(ast.parse(source))
+            if node.end_lineno - node.lineno + 1 > MAX_FUNCTION]
+
+
+def long_file(source: str, where: str) -> list[str]:
+    lines = len(source.splitlines())
+    return [f"{where}: {lines} lines"] if lines > MAX_FILE else []
+
+
+# ---------------------------------------------------------------- the live tree
+
+
+@pytest.fixture(scope="module")
+def tree() -> list[tuple[Path, str, str, bool]]:
+    files = source_files()
+    assert len(files) > 100  # the walk found the packages
+    return [(f, module_name(f), f.read_text(), f.name == "__init__.py") for f in files]
+
+
+def test_every_module_has_a_floor(tree) -> None:
+    homeless = [module for _, module, _, _ in tree if unit_of(module) is None]
+    assert not homeless, f"modules on no floor of FLOORS: {homeless}"
+    # the facade alone stands for `symspec`; every sub-package of symspec is listed itself
+    packages = {module_name(f) for f, _, _, pkg in tree if pkg}
+    unlisted = [p for p in packages if p.count(".") == 1 and p not in UNITS]
+    assert not unlisted, f"packages FLOORS does not name: {unlisted}"
+
+
+def test_analyzers_and_cli_are_the_top(tree) -> None:
+    for _, module, _, _ in tree:
+        if within(module, "symspec.analyzers") or within(module, "symspec.cli"):
+            assert UNITS[unit_of(module)] == TOP, module
+
+
+def test_imports_run_downward(tree) -> None:
+    bad = [v for _, module, source, pkg in tree for v in upward(source, module, pkg)]
     assert not bad, "\n".join(bad)
+
+
+def test_no_circle_between_packages(tree) -> None:
+    graph = package_graph((module, source, pkg) for _, module, source, pkg in tree)
+    assert graph.number_of_edges() > 20  # the graph saw the imports
+    bad = circles(graph)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_function_over_80_lines(tree) -> None:
+    bad = [v for f, _, source, _ in tree for v in long_functions(source, str(f.relative_to(ROOT)))]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_file_over_600_lines(tree) -> None:
+    bad = [v for f, _, source, _ in tree for v in long_file(source, str(f.relative_to(ROOT)))]
+    assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------- negative cases
 
 
 @pytest.mark.parametrize(
@@ -74,28 +230,82 @@ def test_core_imports_run_one_way() -> None:
         ("import symspec.cli.main\n", "symspec.checker", False),
         ("def f():\n    from ..analyzers.barrier import Measurer\n", "symspec.universe.api", False),
         ("from .. import analyzers\n", "symspec.universe.api", False),
-        ("from . import cli\n", "symspec", True),
+        ("from .. import cli\n", "symspec.alignment", True),
         ("import importlib\nimportlib.import_module('symspec.analyzers.report')\n", "symspec.record", False),
-        ("from ..binding import BoundSpec\n", "symspec.transforms.apply", False),
+        # one floor up, each floor
+        ("from .groups import S\n", "symspec.outputs", False),
+        ("from ..canonical import STEPS\n", "symspec.spec.steps", False),
+        ("from .solvers.engine import weight\n", "symspec.binding", False),
+        ("def f():\n    from ...alignment import align\n", "symspec.solvers.kinds.smooth", False),
+        ("from ..width.extension import register\n", "symspec.alignment.stages", False),
+        ("from symspec import align\n", "symspec.certify.space", False),  # the facade is the top
+        ("import importlib\nimportlib.import_module('symspec.universe.method')\n",
+         "symspec.alignment.registry", False),
     ],
 )
-def test_a_forbidden_import_is_flagged(source: str, module: str, is_package: bool) -> None:
-    assert violations(source, module, is_package)
+def test_an_upward_import_is_flagged(source: str, module: str, is_package: bool) -> None:
+    assert upward(source, module, is_package)
 
 
 @pytest.mark.parametrize(
     ("source", "module", "is_package"),
     [
-        ("from ..binding import BoundSpec\n", "symspec.universe.api", False),  # universe may bind
-        ("from .report import write\n", "symspec.universe.api", False),  # symspec.universe.report
-        ("from symspec.analyzers import measure\n", "symspec_other.x", False),  # not the core
+        ("from ..binding import BoundSpec\n", "symspec.universe.api", False),  # down
+        ("from .report import write\n", "symspec.universe.api", False),  # its own package
+        ("from ..spec import load_spec\n", "symspec.groups.text", False),  # its own floor
+        ("from symspec import errors\n", "symspec.groups.base", False),  # symspec.errors
+        ("from symspec.certify import certify\n", "symspec.cli.match", False),  # the top
+        ("import torch\nfrom analyzers import x\n", "symspec.errors", False),  # not symspec
     ],
 )
-def test_an_allowed_import_is_not_flagged(source: str, module: str, is_package: bool) -> None:
-    assert not violations(source, module, is_package)
+def test_a_downward_import_is_not_flagged(source: str, module: str, is_package: bool) -> None:
+    assert not upward(source, module, is_package)
 
 
 def test_relative_imports_resolve() -> None:
     assert imported("from ..groups import S\n", "symspec.solvers.base") == [(1, "symspec.groups.S")]
     assert imported("from . import text\n", "symspec.groups", is_package=True) == [(1, "symspec.groups.text")]
     assert module_name(CORE / "universe" / "__init__.py") == "symspec.universe"
+    assert module_name(ROOT / "cli" / "match.py") == "symspec.cli.match"
+    assert unit_of("symspec.solvers.engine.weight.match_weights") == "symspec.solvers"
+    assert unit_of("symspec.align") == "symspec" and unit_of("torch.nn") is None
+
+
+def test_a_circle_between_two_packages_is_flagged() -> None:
+    modules = [
+        ("symspec.groups.text", "from ..spec.model import Spec\n", False),
+        ("symspec.spec.load", "def f():\n    from symspec.groups import parse\n", False),
+        ("symspec.binding", "from .groups import S\nfrom .spec import load_spec\n", False),
+    ]
+    found = circles(package_graph(modules))
+    assert len(found) == 1 and "symspec.groups" in found[0] and "symspec.spec" in found[0]
+    assert "symspec.groups.text:1 imports symspec.spec.model.Spec" in found[0]
+    # the same imports one way only: no circle
+    assert not circles(package_graph(modules[::2]))
+
+
+def test_imports_inside_a_package_are_no_circle() -> None:
+    modules = [
+        ("symspec.solvers", "from .engine import weight\n", True),
+        ("symspec.solvers.engine.weight", "from ..kinds import assignment\n", False),
+        ("symspec.solvers.kinds.assignment", "from .. import convex\n", False),
+    ]
+    assert not circles(package_graph(modules))
+
+
+def _function(lines: int) -> str:
+    """A function of ``lines`` lines, ``def`` line included."""
+    return "def f():\n" + "    x = 1\n" * (lines - 1)
+
+
+def test_a_function_over_80_lines_is_flagged() -> None:
+    assert long_functions(_function(81), "x.py") == ["x.py:1: f has 81 lines"]
+    assert not long_functions(_function(80), "x.py")
+    # a method, and a function nested in a short one's place, count the same
+    method = "class C:\n" + "\n".join("    " + line for line in _function(81).splitlines()) + "\n"
+    assert long_functions(method, "x.py") == ["x.py:2: f has 81 lines"]
+
+
+def test_a_file_over_600_lines_is_flagged() -> None:
+    assert long_file("x = 1\n" * 601, "x.py") == ["x.py: 601 lines"]
+    assert not long_file("x = 1\n" * 600, "x.py")

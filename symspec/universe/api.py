@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..alignment import get_method, mode_text
 from ..binding import bind
 from ..errors import SymspecInputError

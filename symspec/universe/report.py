@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..io_util import json_safe
 from .result import UniverseResult
 
