@@ -249,7 +249,7 @@ def test_statistics_memory_does_not_grow_with_the_batches() -> None:
 
 
 def test_token_weights_count_the_data_and_fall_back_without_an_embedding() -> None:
-    from symspec.alignment.activation import token_counts
+    from symspec.alignment.moments import token_counts
 
     ids = torch.tensor([[1, 1, 2], [0, 1, 5]])
     data = SimpleNamespace(batches=[({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, None), (ids, None)])

@@ -14,7 +14,10 @@ a failure comes back as an ``ok: False`` result naming the task, and the caller 
 Worker processes and Ray workers know only what they import: an alignment method,
 group or solver registered at run time in the parent reaches them through an installed
 entry point (``symspec.methods``) or the ``setup`` hook (``"module:function"``, called
-once per worker before its first task; ``symspec universe --setup``).
+once per worker before its first task; ``symspec universe --setup``). symspec's own
+extensions (``symspec.extensions``: universe and learned matching, the width stages, the
+certifier) are loaded with the methods on a worker's first method look-up
+(:func:`symspec.alignment.registry.load_plugins`), as in the parent.
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ import attrs
 import torch
 
 from ..alignment import align
-from ..alignment.activation import ActivationOptions, collect_moments
+from ..alignment.activation import ActivationOptions
+from ..alignment.moments import collect_moments
 from ..binding import bind
 from ..groups import NoEntry
 from ..problem import take_segment

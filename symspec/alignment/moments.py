@@ -1,0 +1,202 @@
+"""The data-driven methods' work (:mod:`.activation` names them; this module runs them):
+activation moments collected by running the model with A's and B's weights, solved by
+:mod:`symspec.solvers.engine.activation_statistics`; token counts weighting the
+embedding rows for ``weight-tokens``."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..errors import SymspecInputError
+from ..graph import SiteRecorder, read_sites
+from ..groups import Experts, Heads
+from ..problem import Problem
+from ..solvers import Timer, match_weights
+from ..solvers.engine.activation_statistics import (
+    ActivationMoments,
+    activation_problem,
+    combined_problem,
+)
+from .activation import ActivationMatching, TokenWeightedMatching, options_of
+from .protocol import Alignment, AlignOptions, Endpoint
+
+__all__ = ["align_activation", "align_token_weighted", "collect_moments", "token_counts"]
+
+
+def align_activation(method: ActivationMatching, problem: Problem, a: Endpoint, b: Endpoint,
+                     options: AlignOptions) -> Alignment:
+    """:meth:`ActivationMatching.align`."""
+    opts = options_of(options.tuning)
+    timer = options.timer or Timer()
+    assert a.module is not None
+    with timer("statistics"):
+        moments = collect_moments(a.module, problem, a.state, b.state, options.data, batches=opts.batches,
+                                  device=options.device, sites=opts.sites)
+    with timer("factor"):
+        if method.combine:
+            prob, sa, sb = combined_problem(problem, a.state, b.state, moments, mix=opts.mix,
+                                            normalize=opts.normalize)
+        else:
+            dtype = options.dtype or next((t.dtype for t in a.state.values() if t.is_floating_point()), torch.float32)
+            prob, sa, sb = activation_problem(problem, moments, normalize=opts.normalize, dtype=dtype,
+                                              ridge=opts.ridge)
+    res = match_weights(prob, sa, sb, rounds=options.rounds, tol=options.tol, device=options.device,
+                        dtype=options.dtype, init=options.init, progress=options.progress, timer=timer,
+                        options=opts.solver)
+    seen = {s for site in moments.sites.values() for s in site.spaces()}
+    info = {"statistics": moments.describe(), "normalize": opts.normalize,
+            "spaces_without_sites": sorted(set(problem.spaces) - seen),
+            "parts_without_sites": _parts_without_sites(problem, moments.sites.values())}
+    if method.combine:
+        info["mix"] = opts.mix
+    return Alignment(res.elements, res.history, res.timings, res.converged, None, info)
+
+
+def align_token_weighted(method: TokenWeightedMatching, problem: Problem, a: Endpoint, b: Endpoint,
+                         options: AlignOptions) -> Alignment:
+    """:meth:`TokenWeightedMatching.align`."""
+    opts = options_of(options.tuning, batches=None)
+    tables = _embeddings(a.module, problem)
+    if not tables:  # an image model, say: nothing to weight, plain weight matching
+        warnings.warn(f"weight-tokens: {type(a.module).__name__} has no token embedding bound by the spec; "
+                      "the rows are not weighted (plain weight matching)", stacklevel=3)
+        res = match_weights(problem, a.state, b.state, rounds=options.rounds, tol=options.tol,
+                            device=options.device, dtype=options.dtype, init=options.init,
+                            progress=options.progress, timer=options.timer, options=opts.solver)
+        return Alignment(res.elements, res.history, res.timings, res.converged, None, {"token_weights": None})
+    vocab = max(tables.values())
+    counts = token_counts(options.data, vocab, opts.batches)
+    if float(counts.sum()) == 0:
+        raise SymspecInputError(f"the data has no token ids below the vocabulary size {vocab}")
+    w = (counts + 1) / (counts + 1).mean()
+    root = w.sqrt()
+    sa, sb = _row_weighted(problem, a.state, vocab, root), _row_weighted(problem, b.state, vocab, root)
+    res = match_weights(problem, sa, sb, rounds=options.rounds, tol=options.tol, device=options.device,
+                        dtype=options.dtype, init=options.init, progress=options.progress, timer=options.timer,
+                        options=opts.solver)
+    seen = int((counts > 0).sum())
+    info = {"token_weights": {"vocab": vocab, "tokens": int(counts.sum()), "distinct": seen,
+                              "max_weight": float(w.max()), "min_weight": float(w.min())}}
+    return Alignment(res.elements, res.history, res.timings, res.converged, None, info)
+
+
+def _batches(data: Any, limit: int | None) -> list[tuple[Any, Any]]:
+    batches = getattr(data, "batches", None)
+    if not batches:
+        raise SymspecInputError("the data has no batches to align on")
+    return list(batches[:limit] if limit is not None else batches)
+
+
+def _cast(x: Any, dtype: torch.dtype) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype) if x.is_floating_point() else x
+    if isinstance(x, Mapping):
+        return {k: _cast(v, dtype) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_cast(v, dtype) for v in x)
+    return x
+
+
+def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[str, torch.Tensor],
+                    state_b: Mapping[str, torch.Tensor], data: Any, *, batches: int | None = None,
+                    device: torch.device | str = "cpu", sites: str = "read") -> ActivationMoments:
+    """Run ``module`` with A's and with B's weights over the data's batches and
+    accumulate the moments of the activation sites of ``problem`` (``sites="all"``: every
+    one; ``"read"``: one per chain of elementwise functions, :func:`~symspec.graph.read_sites`)."""
+    recorder = SiteRecorder(module, problem, select=read_sites if sites == "read" else None)
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+    moments: ActivationMoments | None = None
+    training = module.training
+    module.eval()  # features must be functions of the inputs: no dropout
+    try:
+        for inputs, _ in _batches(data, batches):
+            inputs = _cast(inputs, dtype)
+            fa = recorder.record(inputs, state_a)
+            fb = recorder.record(inputs, state_b)
+            if moments is None:
+                if not recorder.sites:
+                    raise SymspecInputError(f"no activation site found in {type(module).__name__} for the spec's spaces")
+                moments = ActivationMoments.empty(recorder.sites, device)
+            moments.update(fa, fb)
+    finally:
+        module.train(training)
+    assert moments is not None
+    return moments
+
+
+def _parts_without_sites(problem: Problem, sites: Any) -> list[str]:
+    """Parts of head and expert groups that no site shows although their space has one
+    (a mixture of experts: the router's logits show the expert permutation, nothing shows
+    each expert's units, whose elements then stay where they started)."""
+    paths: dict[str, set[tuple[str, ...]]] = {}
+    for site in sites:
+        for seg in site.axis.segments:
+            for f in seg.factors:
+                paths.setdefault(f.space, set()).add(f.path)
+    out = []
+    for space, seen in sorted(paths.items()):
+        group = problem.spaces[space].group
+        if not isinstance(group, Heads):
+            continue
+        for name, _ in group.parts:
+            shown = any(p[:1] == (name,) for p in seen) if name else any(not p or p == ("kv",) for p in seen)
+            if not shown:
+                label = name or ("each expert's units" if isinstance(group, Experts) else "the within-head maps")
+                out.append(f"{space}: {label}")
+    return out
+
+
+def _embeddings(module: torch.nn.Module | None, problem: Problem) -> dict[str, int]:
+    """Bound embedding tables of ``module``: parameter name -> vocabulary size."""
+    if module is None:
+        return {}
+    return {f"{n}.weight": m.num_embeddings for n, m in module.named_modules()
+            if isinstance(m, torch.nn.Embedding) and f"{n}.weight" in problem.params}
+
+
+def token_counts(data: Any, vocab: int, batches: int | None = None) -> torch.Tensor:
+    """How often each token id occurs in the data's inputs (integer tensors: ids)."""
+    counts = torch.zeros(vocab, dtype=torch.float64)
+
+    def add(x: Any) -> None:
+        if isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dtype != torch.bool and x.numel():
+            ids = x.reshape(-1).long().cpu()
+            if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+                return  # not token ids (a mask, positions beyond the table)
+            counts.add_(torch.bincount(ids, minlength=vocab).double())
+        elif isinstance(x, Mapping):
+            if "input_ids" in x:
+                add(x["input_ids"])
+            else:
+                for v in x.values():
+                    add(v)
+        elif isinstance(x, (tuple, list)):
+            for v in x:
+                add(v)
+
+    for inputs, _ in _batches(data, batches):
+        add(inputs)
+    return counts
+
+
+def _row_weighted(problem: Problem, state: Mapping[str, torch.Tensor], vocab: int,
+                  root: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``state`` with every bound parameter's unbound axis of size ``vocab`` scaled by
+    ``root`` (the embedding and the unembedding)."""
+
+    out = dict(state)
+    for name, pb in problem.params.items():
+        bound = {ab.axis for ab in pb.axes}
+        for axis, n in enumerate(pb.shape):
+            if n == vocab and axis not in bound:
+                shape = [1] * len(pb.shape)
+                shape[axis] = n
+                t = out[name]
+                out[name] = t * root.to(t.device, t.dtype).reshape(shape)
+    return out
+
+
