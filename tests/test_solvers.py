@@ -381,6 +381,34 @@ def test_the_pair_scale_value_is_a_value_some_scale_attains(seed: int, positive:
     assert float(best_scale_value(planted, positive)) == pytest.approx(want, rel=1e-12)
 
 
+@given(st.integers(0, 2**16), st.booleans())
+@example(0, False)  # the fast value falls short here
+def test_the_exact_scale_value_is_the_maximum_over_every_scale(seed: int, positive: bool) -> None:
+    """exact_scale_value (the oracle bench/bench_pair_score.py measures best_scale_value
+    against) is the maximum over a dense grid of scales, up to the grid's coarseness, and
+    never below best_scale_value; on random statistics the fast value falls short of it
+    somewhere (so the comparison can fail)."""
+    from symspec.solvers.kinds.smooth import best_scale_value, exact_scale_value
+
+    gen = torch.Generator().manual_seed(seed)
+    n = 4
+    coef: dict[str, torch.Tensor | float] = {
+        "c_co": torch.randn(n, n, generator=gen, dtype=torch.float64), "g_co": torch.rand(n, n, generator=gen, dtype=torch.float64) + 0.5,
+        "c_ct": torch.randn(n, n, generator=gen, dtype=torch.float64), "g_ct": torch.rand(n, n, generator=gen, dtype=torch.float64) + 0.5,
+        "c_ab": 0.0, "g_ab": 0.0}
+    exact = exact_scale_value(coef, positive)
+    grid = torch.logspace(-3, 3, 20001, dtype=torch.float64)
+    grid = grid if positive else torch.cat([-grid, grid])
+    d = grid.view(1, 1, -1)
+    c = {k: (v.unsqueeze(-1) if isinstance(v, torch.Tensor) else v) for k, v in coef.items()}
+    best = (2 * c["c_co"] * d - c["g_co"] * d**2 + 2 * c["c_ct"] / d - c["g_ct"] / d**2).max(-1).values
+    assert torch.all(exact >= best - 1e-9 * (1 + best.abs()))
+    assert torch.all(exact <= best + 1e-3 * (1 + best.abs()))
+    assert torch.all(exact >= best_scale_value(coef, positive) - 1e-9)
+    if seed == 0 and not positive:
+        assert torch.any(exact > best_scale_value(coef, positive) + 1e-6)
+
+
 @needs_sign
 def test_a_sign_and_a_permutation_are_solved_jointly() -> None:
     gen = torch.Generator().manual_seed(11)

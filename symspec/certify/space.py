@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -130,8 +131,6 @@ def _after_non_orthogonal(problem: Problem, space: str) -> str | None:
 def space_bounds(problem: Problem, searched: Problem, canonical_a: Mapping[str, torch.Tensor],
                  canonical_b: Mapping[str, torch.Tensor], elements: Mapping[str, Element]) -> list[SpaceBound]:
     """One :class:`SpaceBound` per searched, non-trivial, active space (see the module)."""
-    import time
-
     ctx = SolveContext(dtype=torch.float64)
     eps = element_eps(elements)
     elems = {s: problem.spaces[s].group.to(e, dtype=torch.float64) for s, e in elements.items()}
@@ -477,7 +476,7 @@ def _split_quadratic(problem: Problem, p: str, s: str, a: torch.Tensor,
 def _birkhoff_bound(k_const: float, cross: torch.Tensor, quads: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
     """min over doubly stochastic X of K - 2<C, X> + sum_r ||A_r X - X B_r||^2, solved
     with cvxpy and certified by the Frank-Wolfe bound at the solution (module)."""
-    import cvxpy as cp
+    import cvxpy as cp  # optional: the convex extra
 
     n = cross.shape[0]
     c = cross.numpy()

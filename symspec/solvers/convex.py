@@ -25,7 +25,7 @@ INTERIOR_POINT_MAX_BYTES = 2 * 2**30
 def solve(prob: Any, solver: str, **opts: Any) -> None:
     """``prob.solve(solver=solver, **opts)``, except that an SCS solve interrupted by
     SIGINT raises KeyboardInterrupt instead of cvxpy's SolverError."""
-    import cvxpy as cp
+    import cvxpy as cp  # optional: the convex extra
 
     if solver != cp.SCS:
         prob.solve(solver=solver, **opts)

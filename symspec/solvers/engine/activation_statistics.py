@@ -35,7 +35,8 @@ from typing import Any
 import attrs
 import torch
 
-from ...problem import ParamBinding, Problem, Site
+from ...groups import Heads
+from ...problem import AxisBinding, Factor, ParamBinding, Problem, Segment, Site
 from .rounding import sqnorm
 
 __all__ = ["ActivationMoments", "SiteMoments", "activation_problem", "combined_problem"]
@@ -211,9 +212,6 @@ def head_ridges(problem: Problem, energy: Mapping[str, list[float]], ridge: floa
     that the objective gains ``c^2 sum_j (||I - g_j||^2 + ||I - g_j^-T||^2)``, which is the
     same for every head permutation. ``c^2 = ridge x`` the mean energy per feature of the
     space's sites in B."""
-    from ...groups import Heads
-    from ...problem import AxisBinding, Factor, Segment
-
     out = []
     for space, si in problem.spaces.items():
         group = si.group

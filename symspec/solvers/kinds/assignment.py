@@ -23,6 +23,7 @@ from ..engine.base import (
     solver,
     solver_for,
 )
+from . import smooth  # the module: its best_scale_value is looked up at each call (bench swaps it)
 
 
 def assign(score: torch.Tensor, ctx: SolveContext | None = None) -> torch.Tensor:
@@ -146,8 +147,6 @@ def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor |
     between their two sides: copies of one unit with their outgoing weights shared
     (docs/width.md) all scored alike, and the assignment among them was decided by
     rounding."""
-    from .smooth import best_scale_value
-
     outer: torch.Tensor | None = None
     sides: dict[str, tuple[torch.Tensor | float, torch.Tensor | float]] = {}
     scaled = False
@@ -181,7 +180,7 @@ def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor |
             assert isinstance(c, torch.Tensor) and isinstance(g, torch.Tensor)
             coef[f"c_{key}"] = c[..., r0 : r0 + rows, :] if c.shape[-2] > 1 else c
             coef[f"g_{key}"] = g.unsqueeze(-2)
-        parts.append(best_scale_value(coef, inner.positive_only))
+        parts.append(smooth.best_scale_value(coef, inner.positive_only))
     score = torch.cat(parts, -2).to(ref.dtype)
     return score if outer is None else outer + score
 

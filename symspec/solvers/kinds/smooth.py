@@ -397,6 +397,25 @@ def best_scale_value(coef: dict[str, torch.Tensor | float], positive: bool) -> t
     return torch.where(g_ct == 0, best.clamp_min(0.0), best)
 
 
+def exact_scale_value(coef: dict[str, torch.Tensor | float], positive: bool) -> torch.Tensor:
+    """The true maximum over d of :func:`best_scale_value`'s value (no abs terms ``c_ab``;
+    ``g_ab`` joins ``g_co``): every real root of the stationarity quartic
+    ``g d^4 - c_co d^3 + c_ct d - g_ct = 0``, polished by Newton steps, the best taken.
+    The oracle :func:`best_scale_value` is measured against (bench/bench_pair_score.py):
+    a 4 x 4 eigenvalue problem per pair, which the assignment's score avoids."""
+    ref = next(v for v in coef.values() if isinstance(v, torch.Tensor))
+    c = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in coef.items()}
+    shape = torch.broadcast_shapes(*(v.shape for v in c.values()))
+    c = {k: v.expand(shape) for k, v in c.items()}
+    d = torch.nan_to_num(_quartic_real_parts(c["g_co"] + c["g_ab"], -c["c_co"], c["c_ct"], -c["g_ct"]), nan=1.0)
+    if positive:
+        d = torch.where(d > 0, d, 1e-300)
+    cu = {k: v.unsqueeze(-1) for k, v in c.items()}
+    best = (-_diag_value(_polish(d, cu), cu)).max(-1).values
+    best = torch.where(best == -torch.inf, 0.0, best)
+    return torch.where(c["g_ct"] == 0, best.clamp_min(0.0), best).to(ref.dtype)
+
+
 def _solve_diagonal(group: Group, terms: list[Term], current: Element, ctx: SolveContext, positive: bool) -> Element:
     require_variances(group, terms, {"co", "contra", "abs"})
     d0 = current["diag"]
