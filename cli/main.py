@@ -7,13 +7,28 @@ nor cvxpy nor matplotlib. Exit codes: 0 success, 1 a check that failed, 2 bad in
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
-import click
 
-from ._common import handle_errors
+def _interrupted(*_: Any) -> NoReturn:
+    """Ctrl-C outside a command's own handling (its modules loading, the command line
+    parsed): what handle_errors says, exit 130 and one line, no traceback."""
+    print("interrupted", file=sys.stderr)
+    raise SystemExit(130)
+
+
+# the ``symspec`` command itself (not a program that imports this module): Ctrl-C while the
+# modules below load (a fraction of a second, more on a busy machine) is an interrupt too
+if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") == "symspec" \
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted)
+
+import click  # noqa: E402
+
+from ._common import handle_errors  # noqa: E402
 
 #: command name -> (module, attribute, one-line help). New commands register here.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -54,6 +69,8 @@ class LazyGroup(click.Group):
             raise
         except click.UsageError as e:  # the group's own options: symspec --bogus
             raise OneLineUsageError(e.format_message(), e.ctx) from e
+        except KeyboardInterrupt:
+            _interrupted()
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -63,8 +80,7 @@ class LazyGroup(click.Group):
         except click.UsageError as e:  # a command's options and arguments, an unknown command
             raise OneLineUsageError(e.format_message(), e.ctx) from e
         except KeyboardInterrupt:  # Ctrl-C while the command's modules load (its handle_errors is not on yet)
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+            _interrupted()
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -96,6 +112,8 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> Any:
+    if signal.getsignal(signal.SIGINT) is _interrupted:  # started: Ctrl-C unwinds (rolls back) from here on
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return cli.main(args=argv, prog_name="symspec", standalone_mode=True)
     finally:  # the command is over (outputs published or rolled back): a Ctrl-C while the

@@ -454,7 +454,7 @@ def test_an_overlong_input_path_gives_one_line(
 
 # ---------------------------------------------------------------- Ctrl-C
 
-DELAYS = [0.2, 1.0, 1.5, 2.0, 4.0]
+DELAYS = [0.2, 1.0, 2.0, 4.0]
 
 
 @dataclass
