@@ -124,3 +124,18 @@ def test_certify_without_a_certifier_is_one_line() -> None:
     finally:
         register_certifier(saved)
     assert res.certify(per_space=False, joint=False) is not None  # the registered one answers
+
+
+def test_missing_extension_metadata_is_said(tmp_path: Path) -> None:
+    """A stale symspec.egg-info found first on sys.path (an old build in the working
+    directory) hides the extensions' entry points: a warning says so and how to fix it."""
+    stale = tmp_path / "symspec.egg-info"
+    stale.mkdir()
+    (stale / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: symspec\nVersion: 0.0.0\n")
+    (stale / "entry_points.txt").write_text("[console_scripts]\nsymspec = symspec.cli.main:main\n")
+    code = ("import sys, warnings; sys.path.insert(0, sys.argv[1]); warnings.simplefilter('always')\n"
+            "import symspec.alignment as A\nprint('universe' in A.method_names())")
+    for path, universe, warned in ((str(tmp_path), "False", True), (str(tmp_path / "nothing"), "True", False)):
+        out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True, cwd=ROOT)
+        assert out.stdout.strip() == universe
+        assert ("extensions (universe, learned, width, certify) are not registered" in out.stderr) is warned, out.stderr

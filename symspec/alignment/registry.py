@@ -77,7 +77,13 @@ def load_plugins() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    for ep in entry_points(group=EXTENSION_GROUP):
+    extensions = entry_points(group=EXTENSION_GROUP)
+    if not extensions:  # the metadata of another install of symspec is found first (a stale *.egg-info)
+        warnings.warn("symspec's extensions (universe, learned, width, certify) are not registered: no "
+                      f"'{EXTENSION_GROUP}' entry points in the installed metadata; reinstall symspec "
+                      "(pip install -e .), and remove a stale symspec.egg-info from the working directory",
+                      stacklevel=2)
+    for ep in extensions:
         try:
             ep.load()
         except Exception as e:  # a broken extension must not take the built-in methods down
