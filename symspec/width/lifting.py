@@ -47,7 +47,7 @@ import attrs
 import torch
 
 from ..binding import BoundSpec, bind
-from ..checker import _cast_inputs, call_forward, compare, copy_as, flatten_outputs
+from ..checker import call_forward, cast_inputs, compare, copy_as, flatten_outputs
 from ..errors import SymspecInputError
 from ..groups import Group, Heads, NoEntry, RoPE, centred_basis, kind_entry, make_generator
 from ..groups.semiperm import SemiPermutation
@@ -404,7 +404,7 @@ def lift_needed(spec: Any, wide: torch.nn.Module, narrow: torch.nn.Module) -> di
 def check_lift(narrow: torch.nn.Module, lifted: torch.nn.Module, inputs: Any, dtype: torch.dtype = torch.float64) -> float:
     """Max relative difference of the two models' outputs on ``inputs`` in ``dtype``."""
     a, b = copy_as(narrow, dtype), copy_as(lifted, dtype)
-    x = _cast_inputs(inputs, dtype)
+    x = cast_inputs(inputs, dtype)
     keep = KeepFloat64() if dtype == torch.float64 else None
     ya = flatten_outputs(call_forward(a, x, keep))
     yb = flatten_outputs(call_forward(b, x, keep))
