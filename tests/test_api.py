@@ -25,7 +25,7 @@ def test_exports_are_not_shadowed_by_submodules() -> None:
         importlib.import_module(name)
     clashes = [n for n in symspec._EXPORTS if isinstance(getattr(symspec, n), types.ModuleType)]
     assert clashes == []
-    assert callable(symspec.check) and symspec.check.__module__ == "symspec.checker"
+    assert callable(symspec.check) and symspec.check.__module__.startswith("symspec.checker")
     assert callable(symspec.bind) and symspec.bind.__module__ == "symspec.binding"
     assert callable(symspec.align) and callable(symspec.universe_match)
     assert not hasattr(symspec, "weight_match")  # one public way to align: symspec.align
