@@ -20,7 +20,8 @@ from .base import (
     make_generator,
     registry_summary,
 )
-from .classic import GL, OC, SP, D, DiagonalGroup, Dpos, Id, O, RoPE, S, centred_basis
+from .classic import SP, Id, S
+from .continuous import GL, OC, D, DiagonalGroup, Dpos, O, RoPE, centred_basis
 from .experts import Experts
 from .heads import Heads
 from .semiperm import SemiPermutation

@@ -48,7 +48,7 @@ import attrs
 import torch
 
 from ..groups import Element, Group, Path, Variance, kind_entry
-from ..groups.classic import OC, centred_basis
+from ..groups.continuous import OC, centred_basis
 from ..groups.heads import Heads
 from ..solvers.engine.base import SolverError
 from ..solvers.kinds.assignment import assign
