@@ -59,7 +59,7 @@ from ..solvers.engine.acting import transform
 from ..solvers.engine.base import SolveContext, SolverError, Term, objective, solver_for
 from ..solvers.engine.weight_statistics import WeightStatistics
 from ..solvers.kinds.assignment import assign
-from ..solvers.kinds.heads import _blocks, _part_terms, assign_heads
+from ..solvers.kinds.heads import assign_heads, head_blocks, part_terms
 from .joint import NEEDS_CVXPY, element_eps, noisy_gap
 
 #: the doubly stochastic relaxation of a quadratic permutation space is solved up to this
@@ -295,7 +295,7 @@ def _heads_bound(group: Heads, terms: list[Term]) -> tuple[float, str, str]:
     lkv = torch.zeros(k, k, dtype=torch.float64)
     exact = True
     methods = set()
-    for name, pts in _part_terms(group, terms).items():
+    for name, pts in part_terms(group, terms).items():
         if not pts:
             continue
         within = group.part(name)
@@ -310,7 +310,7 @@ def _heads_bound(group: Heads, terms: list[Term]) -> tuple[float, str, str]:
                     continue
                 kv_view = gs > 1 and i == 1
                 nh = k if kv_view else h
-                c = sum(_blocks(t.cross().double(), nh, dh) for t in ts)
+                c = sum(head_blocks(t.cross().double(), nh, dh) for t in ts)
                 a_sq = sum(t.rows_sq().double().reshape(nh, dh).sum(-1) for t in ts)
                 b_sq = sum(t.gram_diag().double().reshape(nh, dh).sum(-1) for t in ts)
                 if within.is_trivial():
@@ -335,7 +335,7 @@ def _heads_bound(group: Heads, terms: list[Term]) -> tuple[float, str, str]:
         methods.add("least squares per head pair and side")
         for t, kv_view in pts:
             nh = k if kv_view else h
-            c = _blocks(t.cross().double(), nh, dh)  # [new, old, dh, dh]
+            c = head_blocks(t.cross().double(), nh, dh)  # [new, old, dh, dh]
             g = t.gram_blocks(dh).double()  # [old, dh, dh]
             a_sq = t.rows_sq().double().reshape(nh, dh).sum(-1)
             fit = _fit(c, g[None].expand(nh, *g.shape))

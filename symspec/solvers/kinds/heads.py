@@ -43,7 +43,7 @@ from ..engine.base import (
 from .assignment import assign
 
 
-def _blocks(c: torch.Tensor, heads: int, dh: int) -> torch.Tensor:
+def head_blocks(c: torch.Tensor, heads: int, dh: int) -> torch.Tensor:
     """[heads*dh, heads*dh] -> [heads, heads, dh, dh] (block (a, b))."""
     return c.reshape(heads, dh, heads, dh).permute(0, 2, 1, 3)
 
@@ -57,7 +57,7 @@ def _to_query(x: torch.Tensor, kv: int, gs: int) -> torch.Tensor:
     return y.reshape(kv * gs, kv * gs, *rest)
 
 
-def _part_terms(group: Heads, terms: list[Term]) -> dict[str, list[tuple[Term, bool]]]:
+def part_terms(group: Heads, terms: list[Term]) -> dict[str, list[tuple[Term, bool]]]:
     """part name -> [(term, is_kv_view)]."""
     out: dict[str, list[tuple[Term, bool]]] = {name: [] for name, _ in group.parts}
     for t in terms:
@@ -72,7 +72,7 @@ def head_similarity(group: Heads, terms: list[Term]) -> tuple[torch.Tensor, torc
     h, k = group.heads, group.kv
     sq: torch.Tensor | None = None
     skv: torch.Tensor | None = None
-    for name, pts in _part_terms(group, terms).items():
+    for name, pts in part_terms(group, terms).items():
         if not pts:
             continue
         within = group.part(name)
@@ -80,7 +80,7 @@ def head_similarity(group: Heads, terms: list[Term]) -> tuple[torch.Tensor, torc
             # its fit is linear in the statistics (exact): summed term by term, the key/value
             # views at their own level
             for t, kv_view in pts:
-                fit = within.best_fit(_blocks(t.cross(), k if kv_view else h, within.n), _no_gram)
+                fit = within.best_fit(head_blocks(t.cross(), k if kv_view else h, within.n), _no_gram)
                 if kv_view:
                     skv = fit if skv is None else skv + fit
                 else:
@@ -110,7 +110,7 @@ def _part_similarity(group: Heads, within: Group, pts: list[tuple[Term, bool]]) 
     blocks: dict[str, torch.Tensor | None] = {"co": None, "contra": None}
     for t, kv_view in pts:
         var = "co" if within.is_orthogonal() else t.variance
-        b = _blocks(t.cross(), k if kv_view else h, dh)
+        b = head_blocks(t.cross(), k if kv_view else h, dh)
         b = _to_query(b, k, gs) if kv_view else b
         prev = blocks[var]
         blocks[var] = b if prev is None else prev + b
@@ -163,14 +163,14 @@ def _within_terms(group: Heads, name: str, pts: list[tuple[Term, bool]], perm: t
     jj = torch.arange(k, device=perm.device)
     for t, kv_view in pts:
         if kv_view:
-            c = _blocks(t.cross(), k, dh)[jj, perm]  # [K, dh, dh]
+            c = head_blocks(t.cross(), k, dh)[jj, perm]  # [K, dh, dh]
             g = t.gram_blocks(dh)[perm]
             r = t.rows_sq().reshape(k, dh)
             ga = functools.partial(_gram_a_of, t, dh, None)
         else:
             src = perm[:, None] * gs + qperm  # [K, gs]: the old query head of new (j, t)
             dst = jj[:, None] * gs + torch.arange(gs, device=perm.device)
-            c = _blocks(t.cross(), h, dh)[dst, src].sum(1)
+            c = head_blocks(t.cross(), h, dh)[dst, src].sum(1)
             g = t.gram_blocks(dh)[src].sum(1)
             r = t.rows_sq().reshape(k, gs, dh).sum(1)
             ga = functools.partial(_gram_a_of, t, dh, dst)
@@ -252,7 +252,7 @@ def solve_heads_many(group: Group, problems: list[tuple[list[Term], Element]], c
         old_slot = torch.argsort(current["perm"])[perm]
         start = {name: {key: v[old_slot] for key, v in group.within(current, name).items()} for name, _ in group.parts}
         starts.append(start)
-        for name, pts in _part_terms(group, terms).items():
+        for name, pts in part_terms(group, terms).items():
             if not pts:
                 continue
             wterms = _within_terms(group, name, pts, perm, qperm)
@@ -275,7 +275,7 @@ def prefetch_heads(group: Group, terms: list[Term]) -> None:
     """What :func:`solve_heads_many` reads of B's data: the cross-covariances, the
     diagonal blocks of the Grams and the row norms (A's Gram blocks read A only)."""
     assert isinstance(group, Heads)
-    for name, pts in _part_terms(group, terms).items():
+    for name, pts in part_terms(group, terms).items():
         dh = group.part(name).n
         for t, _ in pts:
             t.cross()
