@@ -19,11 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import symspec
-from symspec.learned import LearnedOptions
 from symspec.data import EvalData
 from symspec.errors import SymspecInputError
 from symspec.groups import GL, OC, SP, D, Dpos, Heads, Id, O, RoPE, S
 from symspec.groups.classic import Sign
+from symspec.learned import LearnedOptions
 from symspec.learned.method import lambda_sampler
 from symspec.learned.parametrize import PARAMETRIZATIONS, ParamSettings, parametrize
 from symspec.loading import import_file
