@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import trained  # noqa: E402
 
-from symspec.learned import LearnedOptions  # noqa: E402
 from symspec.analyzers.barrier import Measurer  # noqa: E402
+from symspec.learned import LearnedOptions  # noqa: E402
 
 TASKS = {"gpt": ("nanogpt", f"text:{trained.DEFAULT_TEXT}"), "vit": ("vit", f"mnist:{trained.DEFAULT_MNIST}")}
 VARIANTS = {"exp": ("exp", "frozen"), "polar": ("polar", "frozen"), "exp+ste": ("exp", "ste"),

@@ -408,8 +408,8 @@ def learned_options(method: Any, flags: dict[str, tuple[str, Any]]) -> Any:
     given = {field: (flag, value) for field, (flag, value) in flags.items() if value is not None}
     if not given:
         return None
-    from symspec.learned import LearnedOptions
     from symspec.errors import SymspecInputError
+    from symspec.learned import LearnedOptions
     from symspec.learned.method import LearnedMatching
 
     if not isinstance(method, LearnedMatching):
