@@ -271,7 +271,7 @@ def test_a_staging_folder_whose_marker_cannot_be_written_is_removed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A full disk lets ``mkdir`` pass and fails the marker's first byte: the folder
     made for it goes too (it once stayed, with an empty staging.json)."""
-    import symspec.outputs as outputs
+    import symspec.outputs.publishing as outputs  # where the staging marker is written
 
     out = tmp_path / "new" / "s.json"
     real_dump = json.dump
