@@ -4,7 +4,7 @@ The pieces, in pipeline order:
 
 - evaluation data and losses live in the core, :mod:`symspec.data` (text, tokenised or
   character-level, image folders, saved ``datasets``, MNIST, scikit-learn digits, a
-  model file's own ``data()`` hook); ``symspec.analyzers.data`` re-exports it;
+  model file's own ``data()`` hook); ``symspec.analyzers`` re-exports its loading names;
 - :mod:`~symspec.analyzers.interpolate`: one module instance evaluates (1-λ)·A + λ·B at
   K points (``torch.func.functional_call``, data on the device once);
 - :mod:`~symspec.analyzers.barrier`: barriers (DESIGN §4), mean ± standard error over
@@ -20,11 +20,11 @@ from __future__ import annotations
 from symspec._lazy import lazy_exports
 
 _EXPORTS = {
-    "load_data": "data",
-    "parse_source": "data",
-    "check_fits": "data",
-    "EvalData": "data",
-    "DataError": "data",
+    "load_data": "symspec.data",
+    "parse_source": "symspec.data",
+    "check_fits": "symspec.data",
+    "EvalData": "symspec.data",
+    "DataError": "symspec.data",
     "PathEvaluator": "interpolate",
     "PathError": "interpolate",
     "Curve": "interpolate",
@@ -50,4 +50,5 @@ _EXPORTS = {
     "plot_report": "plots",
 }
 
-__getattr__, __all__ = lazy_exports(__name__, {name: f".{module}" for name, module in _EXPORTS.items()})
+__getattr__, __all__ = lazy_exports(__name__, {name: module if "." in module else f".{module}"
+                                                   for name, module in _EXPORTS.items()})

@@ -141,10 +141,6 @@ class PathEvaluator:
         self.data = data.to(self.device, self.dtype)
         self.calls = 0  # batches evaluated (forward passes)
 
-    @property
-    def batches_per_point(self) -> int:
-        return len(self.data.batches)
-
     def prepare(self, sd: Mapping[str, torch.Tensor], label: str = "the state dict") -> dict[str, torch.Tensor]:
         """``sd`` on the device, in the evaluator's dtype, one entry per tied tensor."""
         own = self.module.state_dict()

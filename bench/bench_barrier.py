@@ -45,7 +45,7 @@ def _sync(device: torch.device) -> None:
 
 
 def plain_passes(model: torch.nn.Module, batches: list[tuple[Any, torch.Tensor]], k: int, device: torch.device) -> float:
-    from symspec.analyzers.data import call_model
+    from symspec.data import call_model
 
     _sync(device)
     start = time.perf_counter()
@@ -59,7 +59,7 @@ def plain_passes(model: torch.nn.Module, batches: list[tuple[Any, torch.Tensor]]
 
 def run_case(name: str, model_file: Path, build_kw: dict[str, Any], source: str, *, points: int, repeats: int,
              device: str, batch_size: int, max_samples: int | None) -> dict[str, Any]:
-    from symspec.analyzers.data import load_data
+    from symspec.data import load_data
     from symspec.analyzers.interpolate import PathEvaluator, lambdas, lerp_state
     from symspec.loading import import_file
 

@@ -38,7 +38,7 @@ CACHE = ROOT / "bench" / "cache"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from symspec.analyzers.data import EvalData, load_data  # noqa: E402
+from symspec.data import EvalData, load_data  # noqa: E402
 from symspec.loading import import_file  # noqa: E402
 
 #: the training recipes; ``quick`` ones are for the smoke test in the suite

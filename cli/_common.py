@@ -52,13 +52,6 @@ class MethodChoice(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-def methods_help() -> str:
-    """The registered methods with their labels, for a command's help text."""
-    from symspec.alignment import get_method, method_names
-
-    return "; ".join(f"{n} ({get_method(n).label})" for n in method_names())
-
-
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 

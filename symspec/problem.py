@@ -222,10 +222,6 @@ class ParamBinding:
     def spaces(self) -> set[str]:
         return {f.space for a in self.axes for s in a.segments for f in s.factors}
 
-    @property
-    def stored_shape(self) -> tuple[int, ...]:
-        return self.shape if self.view is None else self.view.stored
-
     def viewed(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.view is None else self.view.to_view(x)
 

@@ -191,10 +191,6 @@ def register_source(kind: str, loader: Loader, *, options: tuple[str, ...] | Non
     return entry
 
 
-def source_kind(kind: str) -> SourceKind:
-    return SOURCES[kind]
-
-
 def known_sources() -> str:
     """The registered kinds as they are written, for messages: ``text:PATH, digits, ...``."""
     return ", ".join(s.syntax for s in SOURCES.values())

@@ -70,9 +70,6 @@ class ModelGraph:
     def has_node(self, name: str) -> bool:
         return name in self.nodes
 
-    def successors(self, name: str) -> list[str]:
-        return self.nodes[name].users
-
     def all_sites(self) -> tuple[Site, ...]:
         """Every site once (a site with several spaces is listed under each)."""
         return tuple({s.name: s for sites in self.sites.values() for s in sites}.values())
