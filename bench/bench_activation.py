@@ -1,6 +1,6 @@
 """Activation matching's statistics pass against a plain forward pass, and its memory.
 
-    python bench/bench_activation.py [--cases tiny,gpt2-small] [--batches 2,8] [--batch-size 8]
+    python -m bench.bench_activation [--cases tiny,gpt2-small] [--batches 2,8] [--batch-size 8]
                                      [--rounds 1] [--out bench/results/activation.json]
 
 Model pairs are nanoGPT models (examples/nanogpt.py, spec ``nanogpt``; the sizes of
@@ -28,15 +28,20 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-
-from bench_match import SIZES, _build_pair, _reset_peak, _status_kb  # noqa: E402
+from bench.fixtures import (
+    ROOT,
+    SIZES,
+    command_line,
+    gpt_pair,
+    module_command,
+    reset_peak,
+    status_kb,
+    write_results,
+)
 
 CONTEXT = {"tiny": 64, "small": 256, "gpt2-small": 256}
 
@@ -49,21 +54,21 @@ def run_case(case: str, batches: int, batch_size: int, rounds: int) -> dict[str,
 
     configure_process()
     config = dict(SIZES[case], block_size=CONTEXT.get(case, 64))
-    base = _status_kb("VmRSS")
-    a, b = _build_pair(config, "related")
+    base = status_kb("VmRSS")
+    a, b = gpt_pair(config, "related")
     gen = torch.Generator().manual_seed(0)
     data = type("Data", (), {})()
     data.batches = [(torch.randint(0, config["vocab_size"], (batch_size, config["block_size"]), generator=gen), None)
                     for _ in range(batches)]
-    models = _status_kb("VmRSS")
+    models = status_kb("VmRSS")
     with torch.no_grad():  # the floor: both models over the same batches
         a(data.batches[0][0]), b(data.batches[0][0])  # warm-up
         t = time.perf_counter()
         for x, _ in data.batches:
             a(x), b(x)
         forward = time.perf_counter() - t
-    _reset_peak()
-    from symspec.alignment.activation import ActivationOptions
+    reset_peak()
+    from symspec.alignment import ActivationOptions
 
     t = time.perf_counter()
     res = symspec.align(a, b, "nanogpt", method="activation", data=data, rounds=rounds, tol=0.0,
@@ -75,7 +80,7 @@ def run_case(case: str, batches: int, batch_size: int, rounds: int) -> dict[str,
         "sites": stats["sites"], "statistics_bytes": stats["bytes"],
         "seconds": {"statistics": res.timings.get("statistics", 0.0), "factor": res.timings.get("factor", 0.0),
                     "forward": forward, "total": wall},
-        "objective": res.history, "peak_growth_mb": (_status_kb("VmHWM") - base) / 1024,
+        "objective": res.history, "peak_growth_mb": (status_kb("VmHWM") - base) / 1024,
         "models_mb": (models - base) / 1024, "site_features": stats["features"],
     }
 
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'stats MB':>9} {'acts MB':>9} {'models MB':>9} {'peak/models':>11}")
     for case in args.cases.split(","):
         for n in [int(x) for x in args.batches.split(",")]:
-            cmd = [sys.executable, __file__, "--case", f"{case}:{n}", "--batch-size", str(args.batch_size),
+            cmd = [*module_command(__file__), "--case", f"{case}:{n}", "--batch-size", str(args.batch_size),
                    "--rounds", str(args.rounds)]
             load = os.getloadavg()[0]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
@@ -115,11 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['per_1k_tokens']['forward']:9.3f} {row['statistics_vs_forward']:6.2f} "
                   f"{row['statistics_bytes'] / 2**20:9.1f} {row['activations_bytes'] / 2**20:9.1f} "
                   f"{row['models_mb']:9.1f} {row['peak_beyond_models_vs_models']:11.2f}")
-    doc = {"command": "python bench/bench_activation.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    doc = {"command": command_line(__file__, argv),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, doc)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Cost of a K-point interpolation curve, as a multiple of K plain forward passes.
 
-    python bench/bench_barrier.py [--data ../shared/data] [--points 11] [--repeats 3]
+    python -m bench.bench_barrier [--data ../shared/data] [--points 11] [--repeats 3]
                                   [--device cpu] [--out bench/results/barrier.json]
 
 For each case (a character GPT on Tiny Shakespeare, a ViT on MNIST) it compares
@@ -24,7 +24,6 @@ read from ``--data`` (default: ../shared/data next to the repository).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -35,8 +34,9 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = ROOT.parent / "shared" / "data"
+from bench.fixtures import ROOT, SHARED, command_line, write_results
+
+DEFAULT_DATA = SHARED
 
 
 def _sync(device: torch.device) -> None:
@@ -59,8 +59,8 @@ def plain_passes(model: torch.nn.Module, batches: list[tuple[Any, torch.Tensor]]
 
 def run_case(name: str, model_file: Path, build_kw: dict[str, Any], source: str, *, points: int, repeats: int,
              device: str, batch_size: int, max_samples: int | None) -> dict[str, Any]:
-    from symspec.data import load_data
     from symspec.analyzers.interpolate import PathEvaluator, lambdas, lerp_state
+    from symspec.data import load_data
     from symspec.loading import import_file
 
     mod = import_file(model_file)
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['overhead_per_point_ms']:>9.2f} {r['lerp_per_point_ms']:>8.3f} {r['setup_s']:>8.3f}", flush=True)
     doc = {
         "schema": "symspec.bench.barrier/1",
-        "command": "python bench/bench_barrier.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_line(__file__, argv),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -214,11 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         "cases": results,
         "all_within_target": all(r["within_target"] for r in results),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_results(args.out, doc)
     ratios = ", ".join(f"{r['case']} {r['ratio']:.3f}" for r in results)
     verdict = "met" if doc["all_within_target"] else "NOT met"
-    print(f"wrote {args.out}; ratio target 1.2: {verdict} ({ratios})")
+    print(f"ratio target 1.2: {verdict} ({ratios})")
     return 0
 
 

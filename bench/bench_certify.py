@@ -8,14 +8,13 @@ both axes of a square weight (quadratic), the example nanoGPT built in-script (r
 weights, default groups and ``--groups perm``), and, when ../shared/data holds Tiny
 Shakespeare, two briefly trained character GPTs (bench/trained.py's ``gpt-quick``).
 
-    python bench/bench_certify.py            # writes bench/results/certify.json
+    python -m bench.bench_certify            # writes bench/results/certify.json
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -24,18 +23,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from trained import DEFAULT_TEXT, command_line, trained_models, write_results  # noqa: E402
-
-from symspec.alignment import align  # noqa: E402
-from symspec.binding import bind  # noqa: E402
-from symspec.planting import plant  # noqa: E402
-from symspec.spec import loads_spec  # noqa: E402
-from symspec.statedict import squared_distance  # noqa: E402
-from symspec.transforms import apply_elements  # noqa: E402
+from bench.fixtures import DEFAULT_TEXT, ROOT, command_line, write_results
+from bench.trained import trained_models
+from symspec.alignment import align
+from symspec.binding import bind
+from symspec.planting import plant
+from symspec.spec import loads_spec
+from symspec.statedict import squared_distance
+from symspec.transforms import apply_elements
 
 MLP_SPEC = """
 symspec: 1
@@ -167,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         (ta, _), (tb, _) = trained_models("gpt-quick", [0, 1], f"text:{DEFAULT_TEXT}", log=lambda *_: None)
         rows.append(run("character GPT gpt-quick (1 layer, d 16, 2 heads, 32 units), trained", ta, tb, "nanogpt"))
         rows.append(run("character GPT gpt-quick (1 layer, d 16, 2 heads, 32 units), trained", ta, tb, "nanogpt", groups="perm"))
-    write_results(args.out, {"command": command_line("bench_certify.py", argv), "rows": rows})
+    write_results(args.out, {"command": command_line(__file__, argv), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Wall time and peak memory of ``symspec check`` on GPT-2-small- and Llama-shaped models.
 
-    python bench/bench_check.py [--samples 3] [--repeats 1] [--cases gpt2-small,llama-125m]
+    python -m bench.bench_check [--samples 3] [--repeats 1] [--cases gpt2-small,llama-125m]
                                 [--dtypes float64 float64,float32] [--out bench/results/check.json]
 
 Each measurement runs ``symspec.check`` (what ``symspec check`` calls) on a model built
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.fixtures import ROOT, command_line, module_command, reset_peak, status_kb, write_results
 
 CASES: dict[str, dict[str, Any]] = {
     "gpt2-small": {"spec": "gpt2", "family": "gpt2", "config": {}},
@@ -47,14 +47,7 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def _status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _build(case: str) -> tuple[Any, dict[str, Any]]:
+def build(case: str) -> tuple[Any, dict[str, Any]]:
     import torch
     import transformers
 
@@ -77,19 +70,19 @@ def measure(case: str, dtypes: list[str], samples: int) -> dict[str, Any]:
     import symspec
     from symspec.checker import check
 
-    model, inputs = _build(case)
+    model, inputs = build(case)
     n_params = sum(p.numel() for p in model.parameters())
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     spec = symspec.load_spec(CASES[case]["spec"])
-    rss_before = _status_kb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    rss_before = status_kb("VmRSS")
+    reset_peak()  # VmHWM to the current RSS
     load = os.getloadavg()[0]
     cpu0 = time.process_time()
     start = time.perf_counter()
     report = check(model, spec, inputs, samples=samples, dtypes=dtypes)
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu0
-    peak = _status_kb("VmHWM")
+    peak = status_kb("VmHWM")
     grown = (peak - rss_before) * 1024
     return {
         "case": case,
@@ -133,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in args.cases.split(","):
         for dts in args.dtypes:
             for rep in range(args.repeats):
-                cmd = [sys.executable, __file__, "--one", f"{case}:{dts}", "--samples", str(args.samples)]
+                cmd = [*module_command(__file__), "--one", f"{case}:{dts}", "--samples", str(args.samples)]
                 env = {**os.environ, "PYTHONWARNINGS": "ignore", **({"OMP_WAIT_POLICY": "PASSIVE"} if args.passive else {})}
                 out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
                 if out.returncode:
@@ -155,15 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         targets["gpt2-small:float64"]["met"] = bool(g["wall_s"] < 30 and g["x_model"] < 4)
     result = {
         "benchmark": "symspec check (symspec.checker.check)",
-        "command": "python bench/bench_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command_line(__file__, argv),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "targets": targets,
         "best": best,
         "runs": runs,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(Path(args.out), result)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Weight matching on mixtures of experts: planted recovery and speed, on the CPU and, when
 there is one, the GPU.
 
-    python bench/bench_experts.py [--sizes 16x4x8 64x8x64 256x8x256] [--layers 2]
+    python -m bench.bench_experts [--sizes 16x4x8 64x8x64 256x8x256] [--layers 2]
                                   [--head-width 64] [--devices cpu cuda]
                                   [--out bench/results/experts.json]
 
@@ -23,24 +23,11 @@ batches one matrix at a time.
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent  # symspec is imported as installed: it runs from a copy too
-
-
-def command_line(argv: list[str] | None) -> str:
-    return shlex.join(["python", "bench/bench_experts.py", *(argv if argv is not None else sys.argv[1:])])
-
-
-def write_results(out: Path, doc: dict[str, Any]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    print(f"wrote {out}")
+from bench.fixtures import ROOT, command_line, write_results
 
 
 def planted(d: int, n_exp: int, f: int, layers: int, head_width: int = 64, seed: int = 0) -> tuple[Any, Any]:
@@ -109,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     devices = [dv for dv in args.devices if dv != "cuda" or torch.cuda.is_available()]
     rows = [run(size, args.layers, dv, args.head_width) for size in args.sizes for dv in devices]
     write_results(args.out, {"benchmark": "planted mixture-of-experts recovery by weight matching",
-                             "command": command_line(argv),
+                             "command": command_line(__file__, argv),
                              "torch": torch.__version__,
                              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "rows": rows})
 

@@ -1,7 +1,7 @@
 """The Gram relaxation (a joint bound over the residual with a layer's spaces) against the
 Shor lift and the decoupled bound, then at the widths the Shor lift cannot reach.
 
-    python bench/bench_gram.py [--seeds 0 1 2] [--widths 16 32 64] [--out bench/results/gram.json]
+    python -m bench.bench_gram [--seeds 0 1 2] [--widths 16 32 64] [--out bench/results/gram.json]
 
 Pairs: nanoGPT (tests/zoo.py, random weights, seed s against s + 10), aligned by weight
 matching with permutations for the heads and units and O(d) for the residual
@@ -22,18 +22,13 @@ space fixed at the result; the bounds are lower bounds on the minimum over it.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))
-
-from trained import command_line, write_results  # noqa: E402
+from bench.fixtures import ROOT, command_line, write_results
 
 CHOSEN = ["resid", "attn[0]", "ff[0]"]
 
@@ -152,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * row['decoupled_relative_gap']:.1f}%); rounded from the relaxation: {found:.4f} "
               f"({100 * row['found_relative_to_result']:.2f}% below the result), {secs:.1f} s", flush=True)
     write_results(Path(args.out), {"benchmark": "Gram relaxation: layer 0 with the residual (nanoGPT)",
-                                   "command": command_line("bench_gram.py", argv), "threads": torch.get_num_threads(),
+                                   "command": command_line(__file__, argv), "threads": torch.get_num_threads(),
                                    "quality": quality, "scale": scale})
     return 0
 

@@ -1,7 +1,7 @@
 """Wall time of ``symspec infer`` (trace, read the graph, draft, check) on GPT-2-small-
 and Llama-125M-shaped models.
 
-    python bench/bench_infer.py [--cases gpt2-small,llama-125m] [--samples 2] [--dtypes float64,float32]
+    python -m bench.bench_infer [--cases gpt2-small,llama-125m] [--samples 2] [--dtypes float64,float32]
                                 [--out bench/results/infer.json]
 
 The models are those of bench/bench_check.py (random weights from a config; nothing
@@ -25,12 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))
-
-from bench_check import CASES, _build  # noqa: E402
-from trained import command_line, write_results  # noqa: E402
+from bench.bench_check import CASES, build
+from bench.fixtures import ROOT, command_line, module_command, write_results
 
 
 def measure(case: str, samples: int, dtypes: list[str]) -> dict[str, Any]:
@@ -40,7 +36,7 @@ def measure(case: str, samples: int, dtypes: list[str]) -> dict[str, Any]:
     from symspec.inference import api
     from tests.test_infer import signature
 
-    model, inputs = _build(case)
+    model, inputs = build(case)
     phases: dict[str, float] = {}
     real_read, real_build = api.read_model, api.build
 
@@ -99,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runs = []
     for case in args.cases.split(","):
-        cmd = [sys.executable, __file__, "--one", case, "--samples", str(args.samples), "--dtypes", args.dtypes]
+        cmd = [*module_command(__file__), "--one", case, "--samples", str(args.samples), "--dtypes", args.dtypes]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
         if out.returncode:
             print(out.stderr, file=sys.stderr)
@@ -113,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"total {total:.1f} s (target: under 60 s for gpt2-small and llama-125m together on 2 cores)")
     write_results(Path(args.out), {
         "benchmark": "symspec infer (symspec.inference.infer): trace, read, draft, check",
-        "command": command_line("bench_infer.py", argv),
+        "command": command_line(__file__, argv),
         "machine": {"cpus": os.cpu_count()},
         "target": {"total_s": 60, "met": total < 60 if len(runs) == len(CASES) else None},
         "total_s": round(total, 2),

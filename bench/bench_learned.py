@@ -9,8 +9,8 @@ matching's (largest eigen-angle of O_learned O_wm^T), the fraction of FF units w
 permutation changed, the worst condition number of the per-head GL maps. Weight
 matching's barrier on the same pair is the reference.
 
-    python bench/bench_learned.py                 # both tasks, 300 steps each variant
-    python bench/bench_learned.py --tasks gpt --steps 100
+    python -m bench.bench_learned                 # both tasks, 300 steps each variant
+    python -m bench.bench_learned --tasks gpt --steps 100
 
 Writes bench/results/learned_variants.json. Uses the checkpoints bench/lmc_table.py
 trains (bench/cache; trained here the first time) and ../shared/data.
@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-
-import trained  # noqa: E402
-
-from symspec.analyzers.barrier import Measurer  # noqa: E402
-from symspec.learned import LearnedOptions  # noqa: E402
+from bench import trained
+from bench.fixtures import ROOT, command_line, write_results
+from symspec.analyzers.barrier import Measurer
+from symspec.learned import LearnedOptions
 
 TASKS = {"gpt": ("nanogpt", f"text:{trained.DEFAULT_TEXT}"), "vit": ("vit", f"mnist:{trained.DEFAULT_MNIST}")}
 VARIANTS = {"exp": ("exp", "frozen"), "polar": ("polar", "frozen"), "exp+ste": ("exp", "ste"),
@@ -90,10 +86,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{task:<5} {name:<13} {r.barrier.value:>8.3f} {facts['best_val_midpoint']:>8.3f} "
                   f"{facts['start_val_midpoint']:>8.3f} {seconds:>8.1f} {angle if angle is not None else float('nan'):>6.3f} "
                   f"{facts['ff_moved']:>8.3f} {facts['max_condition'] or float('nan'):>9.1f}", flush=True)
-    doc = {"schema": "symspec.bench_learned/1", "command": trained.command_line("bench_learned.py", argv),
+    doc = {"schema": "symspec.bench_learned/1", "command": command_line(__file__, argv),
            "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()},
            "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "rows": rows}
-    trained.write_results(args.out, doc)
+    write_results(args.out, doc)
     return doc
 
 

@@ -1,7 +1,7 @@
 """The fitted lifts (on weights, on activations) against a random one, on the same pairs
 of models of different widths.
 
-    python bench/bench_lift.py [--seeds 0 1 2] [--out bench/results/lift.json]
+    python -m bench.bench_lift [--seeds 0 1 2] [--out bench/results/lift.json]
 
 Pairs (random weights from small configs, nothing downloads; tests/zoo.py):
 
@@ -21,17 +21,12 @@ would be) and in float64 (``planted64``: recovery to rounding is the claim).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import types
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))
-
-from trained import command_line, write_results  # noqa: E402
+from bench.fixtures import ROOT, command_line, write_results
 
 CASES = {
     "nanogpt": (dict(n_head=2, head_dim=4, n_ff=12), dict(n_head=3, head_dim=4, n_ff=20)),
@@ -95,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{case:<20} {kind:<12} " + "  ".join(f"{h} {row[h + '_relative_distance']:.3e}" for h in LIFTS)
                   + "  (" + " / ".join(f"{row[h + '_seconds']:.1f}" for h in LIFTS) + " s per pair)", flush=True)
     write_results(Path(args.out), {"benchmark": "fitted (weights, activations) vs random lift, then weight matching",
-                                   "command": command_line("bench_lift.py", argv), "rows": rows})
+                                   "command": command_line(__file__, argv), "rows": rows})
     return 0
 
 

@@ -1,6 +1,6 @@
 """Weight matching: time per phase, peak memory, the kernel floor, and cost vs layers.
 
-    python bench/bench_match.py [--cases tiny,small,gpt2-small] [--pairs independent,related]
+    python -m bench.bench_match [--cases tiny,small,gpt2-small] [--pairs independent,related]
                                 [--groups full,perm] [--rounds 5] [--layers 1,2,4,8,12]
                                 [--device cpu] [--out bench/results/match.json] [--quick]
 
@@ -38,7 +38,6 @@ the load average at the start of each case is recorded with it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -48,63 +47,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-
-SIZES: dict[str, dict[str, int]] = {
-    "tiny": {"n_layer": 2, "n_head": 4, "n_embd": 64, "n_ff": 256, "vocab_size": 65, "block_size": 64},
-    "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "n_ff": 1536, "vocab_size": 50257, "block_size": 1024},
-    "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_ff": 3072, "vocab_size": 50257, "block_size": 1024},
-}
-
-
-def _status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _cpu_seconds() -> float:
-    """User and system CPU time of this process, all threads."""
-    import resource
-
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
-def _reset_peak() -> None:
-    # not Linux, or not permitted: the peak then includes the imports
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def _build_pair(config: dict[str, int], pair: str) -> tuple[Any, Any]:
-    import torch
-
-    from symspec.binding import bind
-    from symspec.loading import import_file
-    from symspec.spec import load_spec
-    from symspec.transforms import apply_elements, canonicalize_model, sample_elements
-
-    mod = import_file(ROOT / "examples" / "nanogpt.py")
-    torch.manual_seed(0)
-    a = mod.build(**config).eval()
-    if pair == "independent":
-        torch.manual_seed(1)
-        return a, mod.build(**config).eval()
-    # related: B = g . canonical(A) + noise, as a module of A's class
-    bound = bind(load_spec("nanogpt"), a)
-    b = canonicalize_model(bound, a)
-    sd = {k: v.detach() for k, v in b.state_dict().items()}
-    g = sample_elements(bound.problem, seed=7, dtype=torch.float32)
-    moved = apply_elements(bound.problem, g, sd)
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for k, v in moved.items():
-            if v.is_floating_point() and v.numel() > 1:
-                moved[k] = v + 0.5 * float(v.std()) * torch.randn(v.shape, generator=gen)
-    b.load_state_dict(moved)
-    return a, b
+from bench.fixtures import (
+    ROOT,
+    SIZES,
+    command_line,
+    cpu_seconds,
+    gpt_pair,
+    module_command,
+    reset_peak,
+    status_kb,
+    write_results,
+)
 
 
 def _floor(result: Any, config: dict[str, int]) -> dict[str, float]:
@@ -161,20 +114,20 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     threads = torch.get_num_threads()
     config = dict(SIZES[case["size"]]) if "size" in case else dict(case["config"])
     load = os.getloadavg()[0]
-    _reset_peak()
-    rss0 = _status_kb("VmRSS")
+    reset_peak()
+    rss0 = status_kb("VmRSS")
     t0 = time.perf_counter()
-    a, b = _build_pair(config, case["pair"])
+    a, b = gpt_pair(config, case["pair"])
     build_s = time.perf_counter() - t0
     model_bytes = sum(p.numel() * p.element_size() for m in (a, b) for p in {id(q): q for q in m.parameters()}.values())
     t0 = time.perf_counter()
-    cpu0 = _cpu_seconds()
+    cpu0 = cpu_seconds()
     result = symspec.align(a, b, "nanogpt", method="weight", groups=case["groups"], rounds=case["rounds"], tol=0.0,
                            device=case.get("device", "cpu"), dtype=torch.float32, keep_canonical_b=False,
                            options=WeightOptions(lap_workers=case.get("lap_workers", 1), overlap=case.get("overlap", True)))
     wall = time.perf_counter() - t0
-    cpu = _cpu_seconds() - cpu0
-    peak_kb = _status_kb("VmHWM")
+    cpu = cpu_seconds() - cpu0
+    peak_kb = status_kb("VmHWM")
     rounds = len(result.history) - 1
     floor = _floor(result, config)
     timings = dict(result.timings)
@@ -212,7 +165,7 @@ def _subprocess(case: dict[str, Any], timeout: float) -> dict[str, Any]:
     # the process settings `symspec match` makes (passive OpenMP waits, a fixed mmap
     # threshold, one heap arena for all threads)
     env = child_environment(dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
-    proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], capture_output=True, text=True,
+    proc = subprocess.run([*module_command(__file__), "--case", json.dumps(case)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
     if proc.returncode != 0:
         return {**case, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
@@ -311,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     machine: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()}
     report: dict[str, Any] = {
         "benchmark": "weight matching (symspec.align, method=\"weight\")",
-        "command": "python bench/bench_match.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command_line(__file__, argv),
         "machine": machine,
         "targets": {"gpt2-small full 5 rounds seconds": 60, "peak x two models": 3},
         "results": results,
@@ -326,11 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             machine["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
         pass
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(Path(args.out), report)
     _print_table(results, scaling)
-    print(f"wrote {out}")
     return 0
 
 

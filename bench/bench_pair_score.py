@@ -2,7 +2,7 @@
 per pair (symspec.solvers.kinds.assignment.scaled_pair_score) against the per-side upper bound
 it replaced (C^2/G on each side), next to the assignment that reads it.
 
-    python bench/bench_pair_score.py [--sizes 1024 3072 8192] [--repeat 3] [--seeds 0 1 2 3 4]
+    python -m bench.bench_pair_score [--sizes 1024 3072 8192] [--repeat 3] [--seeds 0 1 2 3 4]
                                      [--out bench/results/pair_score.json]
 
 Speed: random statistics (a co and a contra pair term of f units, float32, as a float32
@@ -24,22 +24,9 @@ accepts improvements, so every score gives a valid alignment).
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def best_of(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+from bench.fixtures import ROOT, best_of, command_line, write_results
 
 
 def measure(n: int, repeat: int) -> dict[str, float]:
@@ -91,12 +78,7 @@ def per_side_score(terms, inner):  # type: ignore[no-untyped-def]
 def exactness(n: int) -> dict[str, float]:
     import torch
 
-    from symspec.solvers.kinds.smooth import (
-        _diag_value,
-        _polish,
-        _quartic_real_parts,
-        best_scale_value,
-    )
+    from symspec.solvers.kinds.smooth import best_scale_value, exact_scale_value
 
     gen = torch.Generator().manual_seed(n)
     c_co, c_ct = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
@@ -105,10 +87,8 @@ def exactness(n: int) -> dict[str, float]:
                             "c_ab": 0.0, "g_ab": 0.0}, False)
     coef = {k: v.double().expand(n, n) for k, v in {"c_co": c_co, "g_co": g_co, "c_ct": c_ct, "g_ct": g_ct}.items()}
     coef |= {"c_ab": torch.zeros(n, n, dtype=torch.float64), "g_ab": torch.zeros(n, n, dtype=torch.float64)}
-    # stationary points: g_co d^4 - c_co d^3 + c_ct d - g_ct = 0
-    roots = torch.nan_to_num(_quartic_real_parts(coef["g_co"], -coef["c_co"], coef["c_ct"], -coef["g_ct"]), nan=1.0)
-    cu = {k: v.unsqueeze(-1) for k, v in coef.items()}
-    exact = (-_diag_value(_polish(roots, cu), cu)).max(-1).values
+    # every real root of the stationarity quartic g_co d^4 - c_co d^3 + c_ct d - g_ct = 0, polished
+    exact = exact_scale_value(coef, False)
     # relative to the pair's scale: the per-side bound c_co^2/g_co + c_ct^2/g_ct
     short = (exact - got) / (coef["c_co"] ** 2 / coef["g_co"] + coef["c_ct"] ** 2 / coef["g_ct"])
     top = exact.topk(5, dim=-1).indices  # the pairs an assignment would choose among
@@ -118,35 +98,15 @@ def exactness(n: int) -> dict[str, float]:
             "above_exact": float((-short).max())}
 
 
-def exact_scale_value(coef, positive):  # type: ignore[no-untyped-def]
-    """The true maximum over d (no abs terms): every real root of the quartic, polished."""
-    import torch
-
-    from symspec.solvers.kinds.smooth import _diag_value, _polish, _quartic_real_parts
-
-    ref = next(v for v in coef.values() if isinstance(v, torch.Tensor))
-    c = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in coef.items()}
-    shape = torch.broadcast_shapes(*(v.shape for v in c.values()))
-    c = {k: v.expand(shape) for k, v in c.items()}
-    d = torch.nan_to_num(_quartic_real_parts(c["g_co"] + c["g_ab"], -c["c_co"], c["c_ct"], -c["g_ct"]), nan=1.0)
-    if positive:
-        d = torch.where(d > 0, d, 1e-300)
-    cu = {k: v.unsqueeze(-1) for k, v in c.items()}
-    best = (-_diag_value(_polish(d, cu), cu)).max(-1).values
-    best = torch.where(best == -torch.inf, 0.0, best)
-    return torch.where(c["g_ct"] == 0, best.clamp_min(0.0), best).to(ref.dtype)
-
-
 def quality(seeds: list[int]) -> list[dict[str, float]]:
     import torch
 
-    sys.path.insert(0, str(ROOT))
     import symspec
     import symspec.solvers.kinds.assignment as asg
     import symspec.solvers.kinds.smooth as smooth
     from tests.zoo import ZOO
 
-    one_scale, value = asg.scaled_pair_score, smooth.best_scale_value
+    one_scale, value, exact_scale_value = asg.scaled_pair_score, smooth.best_scale_value, smooth.exact_scale_value
     rows = []
     for seed in seeds:
         a, _ = ZOO["llama"](seed=seed, head_dim=8, n_ff=64)
@@ -189,12 +149,9 @@ def main(argv: list[str] | None = None) -> int:
           f"(largest shortfall {exact['largest_shortfall']:.2e}); among each row's 5 best pairs "
           f"{100 * exact['share_exact_top5']:.2f}% (largest shortfall {exact['largest_shortfall_top5']:.2e})", flush=True)
     pairs = quality(args.seeds)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "pair score of a permutation with a scaling",
-                                    "command": shlex.join(["python", "bench/bench_pair_score.py", *(argv if argv is not None else sys.argv[1:])]),
-                                    "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows,
-                                    "exactness": exact, "llama_pairs": pairs}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, {"benchmark": "pair score of a permutation with a scaling", "command": command_line(__file__, argv),
+                             "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows,
+                             "exactness": exact, "llama_pairs": pairs})
     return 0
 
 

@@ -1,7 +1,7 @@
 """Semi-permutation matching: the exact method, the cvxpy LP relaxation (with its lower
 bound) and the greedy assignment, on the same problems.
 
-    python bench/bench_semiperm.py [--sizes 16x8 64x32 256x128 1024x256] [--seeds 0 1 2]
+    python -m bench.bench_semiperm [--sizes 16x8 64x32 256x128 1024x256] [--seeds 0 1 2]
                                    [--out bench/results/semiperm.json]
 
 Problems: random costs (uniform) of each size, and the unit costs of the fitted lift
@@ -14,16 +14,11 @@ optimal), and the time. The LP is skipped above --lp-max rows x columns.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))
-
-from trained import command_line, write_results  # noqa: E402
+from bench.fixtures import ROOT, command_line, write_results
 
 
 def run(cost: Any, lp_max: int) -> dict[str, Any]:
@@ -47,13 +42,12 @@ def run(cost: Any, lp_max: int) -> dict[str, Any]:
 
 def trained_costs() -> list[tuple[str, Any]]:
     """Unit costs of the fitted lift on the cached width-benchmark GPTs (none if not cached)."""
-    import bench_width
     import torch
-    import trained
 
+    from bench import bench_width, trained
     from symspec.binding import bind
     from symspec.spec import load_spec
-    from symspec.width.fit import _lift_all_but, _unit_vectors
+    from symspec.width.fit import unit_costs
     from symspec.width.lifting import canonical_f64, lift
 
     out = []
@@ -70,9 +64,7 @@ def trained_costs() -> list[tuple[str, Any]]:
         bb = bind(spec, narrow)
         canon_b = canonical_f64(bb, narrow)
         for name in ("ff[0]", "ff[1]"):
-            bv = _unit_vectors(bb.problem, _lift_all_but(bb.problem, canon_b, lifted, name), name)
-            av = _unit_vectors(ba.problem, canon_a, name)
-            out.append((f"gpt d64 vs d{round(64 * ratio)} {name}", torch.cdist(av.inc, bv.inc) ** 2))
+            out.append((f"gpt d64 vs d{round(64 * ratio)} {name}", unit_costs(ba.problem, canon_a, bb.problem, canon_b, lifted, name)))
     return out
 
 
@@ -97,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = "  ".join(f"{m} {r[m]['over_bound']:.4f}x ({r[m]['seconds']:.2f} s)" for m in ("exact", "lp", "greedy") if m in r)
         print(f"{r['problem']:<28} {r.get('seed', ''):>2}  {cells}", flush=True)
     write_results(Path(args.out), {"benchmark": "semi-permutation matching: exact, LP relaxation (cvxpy), greedy",
-                                   "command": command_line("bench_semiperm.py", argv), "rows": rows})
+                                   "command": command_line(__file__, argv), "rows": rows})
     return 0
 
 

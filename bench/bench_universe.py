@@ -1,7 +1,7 @@
 """Universe matching on independently trained models: the merged model's test loss
 against the endpoints, plain averaging and one-reference alignment.
 
-    python bench/bench_universe.py [--task gpt|vit] [--seeds 0 1 2] [--rounds 10] [--jobs 1]
+    python -m bench.bench_universe [--task gpt|vit] [--seeds 0 1 2] [--rounds 10] [--jobs 1]
                                    [--method weight] [--quick] [--out bench/results/universe.json]
 
 The models are the paper-table benchmark's (bench/trained.py: same recipes, same cache
@@ -35,17 +35,14 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-
-import trained  # noqa: E402
-
-from symspec import __version__  # noqa: E402
-from symspec.alignment import get_method  # noqa: E402
-from symspec.analyzers.barrier import mean_stderr  # noqa: E402
-from symspec.analyzers.simplex import analyze_merge, plot_simplex  # noqa: E402
-from symspec.outputs import atomic_write_text  # noqa: E402
-from symspec.universe import universe_match  # noqa: E402
+from bench import trained
+from bench.fixtures import ROOT
+from symspec import __version__
+from symspec.alignment import get_method
+from symspec.analyzers.barrier import mean_stderr
+from symspec.analyzers.simplex import analyze_merge, plot_simplex
+from symspec.outputs import atomic_write_text
+from symspec.universe import universe_match
 
 RESULTS = ROOT / "bench" / "results"
 SPECS = {"gpt": "nanogpt", "vit": "vit"}
@@ -162,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     result = run(args.task, args.seeds, data, rounds=args.rounds, tol=args.tol, jobs=args.jobs, quick=args.quick,
                  resolution=args.resolution, log=log, cache=args.cache, method=args.method)
-    command = "python bench/bench_universe.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.bench_universe " + " ".join(argv if argv is not None else sys.argv[1:])
     table = markdown(result, command.strip())
     doc = {
         "schema": "symspec.bench.universe/1",

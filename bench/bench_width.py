@@ -2,7 +2,7 @@
 between a character GPT of width d and GPTs of width d/8, d/4, d/2 (same depth), per
 method, mean ± standard error over seeds.
 
-    python bench/bench_width.py [--ratios 0.125,0.25,0.5] [--seeds 0 1 2] [--methods none,weight,learned]
+    python -m bench.bench_width [--ratios 0.125,0.25,0.5] [--seeds 0 1 2] [--methods none,weight,learned]
                                 [--points 11] [--train-only] [--out bench/results/width.json]
 
 The wide models are bench/trained.py's ``gpt`` recipe (d 64, 4 heads, 2 layers, Tiny
@@ -31,18 +31,13 @@ and picks its step on val. Results go to ``--out`` with the command that made th
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))
-
-import trained  # noqa: E402
-
-from symspec.analyzers.barrier import Measurer, align_pair, mean_stderr, pair_result  # noqa: E402
+from bench import trained
+from bench.fixtures import ROOT, command_line, write_results
+from symspec.analyzers.barrier import Measurer, align_pair, mean_stderr, pair_result
 
 METHODS = {"none": ("none", "random"), "random-weight": ("weight", "random"), "weight": ("weight", "fitted"),
            "activation-lift": ("weight", "activation"), "activation": ("activation", "activation"),
@@ -110,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"({time.perf_counter() - start:.0f} s)", flush=True)
             mean, se = mean_stderr(barriers)
             rows.append({"ratio": r, "method": meth, "barrier_mean": mean, "barrier_se": se, "barriers": barriers})
-    trained.write_results(Path(args.out), {
+    write_results(Path(args.out), {
         "benchmark": "loss barrier between models of different widths (Fig. 3c)",
-        "command": trained.command_line("bench_width.py", argv),
+        "command": command_line(__file__, argv),
         "wide": {"recipe": rec, "seeds": args.seeds},
         "narrow": {str(r): recipe(r)["model"] for r in ratios},
         "rows": rows,

@@ -3,19 +3,18 @@ requirements into a temporary folder, the wheels' sizes summed, torch and its CU
 libraries apart from the rest (on this project's machines those lie on local disk;
 elsewhere pip fetches them).
 
-    python bench/download_size.py [--out bench/results/download_size.json]
+    python -m bench.download_size [--out bench/results/download_size.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.fixtures import ROOT, write_results
 
 #: what each README command installs (the test command also adds the MiniLM package, --no-deps)
 COMMANDS = {
@@ -45,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {name: measure(sets) for name, sets in COMMANDS.items()}
     for name, r in results.items():
         print(f"{name}: torch and its CUDA libraries {r['torch_and_cuda_mb']} MB, the rest {r['rest_mb']} MB ({r['files']} wheels)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
     return 0
 
 

@@ -13,7 +13,7 @@ split (11 points of λ). It prints and writes:
   ``<!-- lmc-table -->`` markers, next to the command that made it.
 
 Full mode (3 pairs per task, about an hour on 2 cores, most of it training the first
-time): ``python bench/lmc_table.py --readme``. Smoke test: ``python bench/lmc_table.py
+time): ``python -m bench.lmc_table --readme``. Smoke test: ``python -m bench.lmc_table
 --quick`` (tiny models, one pair, a few seconds).
 
 Methods are the registered alignment methods (``symspec.alignment.method_names()``):
@@ -22,7 +22,7 @@ full groups, universe matching, and whatever else is registered when the benchma
 (data-driven methods align on the train split; learned matching runs 500 steps of 64
 sequences or images and picks its step on the val split); ``--methods`` picks some. The ablation ``weight-perm-resid-fixed`` (permutations of heads and units,
 the residual stream left as it is) runs only when named:
-``python bench/lmc_table.py --tasks vit --methods none,weight-perm,weight-perm-resid-fixed,weight
+``python -m bench.lmc_table --tasks vit --methods none,weight-perm,weight-perm-resid-fixed,weight
 --out bench/results/lmc_ablation.json --results bench/results/ablation``.
 """
 
@@ -40,30 +40,22 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-
-import trained  # noqa: E402
-
-from symspec import __version__  # noqa: E402
-from symspec.alignment import (  # noqa: E402
-    LearnedOptions,
-    get_method,
-    method_names,
-    register_method,
-)
-from symspec.alignment.builtin import WeightMatching  # noqa: E402
-from symspec.analyzers.barrier import (  # noqa: E402
+from bench import trained
+from bench.fixtures import ROOT
+from symspec import __version__
+from symspec.alignment import get_method, method_names, register_method
+from symspec.alignment.builtin import WeightMatching
+from symspec.analyzers.barrier import (
     PairResult,
     mean_stderr,
     measure,
     method_label,
     summarize,
 )
-from symspec.analyzers.plots import plot_results  # noqa: E402
-from symspec.learned.method import LearnedMatching  # noqa: E402
-from symspec.outputs import atomic_write_text  # noqa: E402
-from symspec.universe import universe_match  # noqa: E402
+from symspec.analyzers.plots import plot_results
+from symspec.learned import LearnedMatching, LearnedOptions
+from symspec.outputs import atomic_write_text
+from symspec.universe import universe_match
 
 # An ablation (both task specs name their residual stream ``resid``): permutations of
 # heads and units only, the residual stream left as it is.
@@ -302,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # the command that made these numbers (--readme only says where the table goes)
     given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--readme"]
-    command = shlex.join(["python", "bench/lmc_table.py", *given])
+    command = shlex.join(["python", "-m", "bench.lmc_table", *given])
     table = markdown(runs, command)
     print()
     print(table)

@@ -13,7 +13,7 @@ Every model differs only in its seed (initialisation and data order). Checkpoint
 final losses, training time); a cached model is reused when its recipe is unchanged.
 
 Used by bench/lmc_table.py (and bench/bench_universe.py); run on its own to pre-train:
-``python bench/trained.py --task gpt --seeds 0 1 2 3 4 5``.
+``python -m bench.trained --task gpt --seeds 0 1 2 3 4 5``.
 """
 
 from __future__ import annotations
@@ -22,24 +22,18 @@ import argparse
 import hashlib
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "data"
-DEFAULT_TEXT = SHARED / "tinyshakespeare.txt"
-DEFAULT_MNIST = SHARED / "mnist"
+from symspec.data import EvalData, load_data
+from symspec.loading import import_file
+
+from .fixtures import DEFAULT_MNIST, DEFAULT_TEXT, ROOT
+
 CACHE = ROOT / "bench" / "cache"
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from symspec.data import EvalData, load_data  # noqa: E402
-from symspec.loading import import_file  # noqa: E402
 
 #: the training recipes; ``quick`` ones are for the smoke test in the suite
 RECIPES: dict[str, dict[str, Any]] = {
@@ -52,22 +46,6 @@ RECIPES: dict[str, dict[str, Any]] = {
     "vit-quick": {"model": dict(image_size=8, patch_size=4, channels=1, n_classes=10, n_layer=1, n_head=2, n_embd=16, mlp_ratio=2),
                   "batch": 64, "steps": 60, "lr": 1e-2, "weight_decay": 0.0, "warmup": 5},
 }
-
-
-def command_line(script: str, argv: list[str] | None) -> str:
-    """The command that ran ``bench/SCRIPT`` with ``argv`` (the process's when None)."""
-    import shlex
-
-    return shlex.join(["python", f"bench/{script}", *(argv if argv is not None else sys.argv[1:])])
-
-
-def write_results(out: Path, doc: dict[str, Any]) -> None:
-    """A benchmark's results file, written atomically (its folder made when missing)."""
-    from symspec.outputs import atomic_write_text
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(doc, indent=2, default=str) + "\n")
-    print(f"wrote {out}")
 
 
 def example(name: str) -> Any:

@@ -202,7 +202,7 @@ def test_the_head_ridge_is_neutral_to_head_permutations() -> None:
     """With the default ridge, a planted head permutation (identity within heads) is still
     recovered exactly; a planted general element is not (the ridge pulls toward the
     identity: its negative case) while ridge=0 recovers it. (What the ridge does to the
-    conditioning of real pairs: bench/activation_attention.py.)"""
+    conditioning of real pairs: docs/activation.md, bench/results/activation_attention.json.)"""
     import copy
 
     from symspec.alignment import ActivationOptions

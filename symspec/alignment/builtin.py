@@ -77,5 +77,5 @@ BUILTIN = (NONE, WEIGHT, WEIGHT_PERM, ACTIVATION, WEIGHT_ACTIVATION, WEIGHT_TOKE
 
 #: what ``symspec match``/``merge`` align with when given ``--data`` and no ``--method``:
 #: the data-driven method with the lowest loss barrier on the LMC benchmark's trained
-#: pairs (README, ``python bench/lmc_table.py``)
+#: pairs (README, ``python -m bench.lmc_table``)
 DATA_DEFAULT = WEIGHT_ACTIVATION.name

@@ -368,6 +368,17 @@ def _lift_all_but(problem_b: Any, canonical_b: Mapping[str, torch.Tensor], lifte
             if k in canonical_b}
 
 
+def unit_costs(problem_a: Any, canonical_a: Mapping[str, torch.Tensor], problem_b: Any,
+               canonical_b: Mapping[str, torch.Tensor], lifted: LiftResult, space: str) -> torch.Tensor:
+    """What matching A's units of ``space`` with B's costs, as the fitted lift sees them:
+    squared distances between their incoming vectors (``[units of A, units of B]``), B's
+    written in A's frame by ``lifted``'s maps on every other space (the semi-permutation
+    benchmark's trained problems)."""
+    a = _unit_vectors(problem_a, canonical_a, space)
+    b = _unit_vectors(problem_b, _lift_all_but(problem_b, canonical_b, lifted, space), space)
+    return torch.cdist(a.inc, b.inc) ** 2
+
+
 def _as_bound(problem: Any, sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Each parameter as its axis bindings see it (a fused expert weight through its view),
     as :func:`_lift_all_but` gives B's: what the unit vectors and head circuits read."""

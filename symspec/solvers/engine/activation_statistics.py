@@ -206,7 +206,7 @@ def head_ridges(problem: Problem, energy: Mapping[str, list[float]], ridge: floa
     """A ridge toward the identity on the per-head maps that are not orthogonal (GL, RoPE,
     scalings), for activation matching: without one, directions in which B's features
     barely vary are stretched freely (the function is kept, the interpolation is not;
-    bench/activation_attention.py). For every such part, two bound tensors, one acting as
+    bench/results/activation_attention.json). For every such part, two bound tensors, one acting as
     the map (``co``) and one as its inverse transpose (``contra``), equal in A and B:
     ``c [I; I; ...; I]`` (one identity block per key/value head, in shared columns), so
     that the objective gains ``c^2 sum_j (||I - g_j||^2 + ||I - g_j^-T||^2)``, which is the
