@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fixtures import (
+    RESULTS,
     ROOT,
     SIZES,
     command_line,
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="2,8")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "activation.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "activation.json")
     p.add_argument("--case", help=argparse.SUPPRESS)  # one case in this process: CASE:BATCHES
     args = p.parse_args(argv)
     if args.case:

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from bench.fixtures import ROOT, SHARED, command_line, write_results
+from bench.fixtures import RESULTS, ROOT, SHARED, command_line, write_results
 
 DEFAULT_DATA = SHARED
 
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text-samples", type=int, default=256, help="validation windows of Tiny Shakespeare (context 64)")
     ap.add_argument("--image-samples", type=int, default=1000, help="validation images of MNIST")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "barrier.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "barrier.json")
     args = ap.parse_args(argv)
     if args.points < 2:
         ap.error("--points must be at least 2")

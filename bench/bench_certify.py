@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from bench.fixtures import DEFAULT_TEXT, ROOT, command_line, write_results
+from bench.fixtures import DEFAULT_TEXT, RESULTS, ROOT, command_line, write_results
 from bench.trained import trained_models
 from symspec.alignment import align
 from symspec.binding import bind
@@ -128,7 +128,7 @@ def run(name: str, a: nn.Module, b: nn.Module, spec: Any, groups: str | None = N
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "certify.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "certify.json")
     p.add_argument("--no-trained", action="store_true", help="skip the trained GPT pair")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", message="Solution may be inaccurate")

@@ -37,7 +37,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.fixtures import ROOT, command_line, module_command, reset_peak, status_kb, write_results
+from bench.fixtures import (
+    RESULTS,
+    ROOT,
+    command_line,
+    module_command,
+    reset_peak,
+    status_kb,
+    write_results,
+)
 
 CASES: dict[str, dict[str, Any]] = {
     "gpt2-small": {"spec": "gpt2", "family": "gpt2", "config": {}},
@@ -112,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["float64", "float64,float32"], help="one run per item, e.g. float64 float64,float32")
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "check.json"))
+    ap.add_argument("--out", default=str(RESULTS / "check.json"))
     ap.add_argument("--passive", action="store_true", help="run with OMP_WAIT_POLICY=PASSIVE (for shared machines)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: CASE:DTYPES, run in this process
     args = ap.parse_args(argv)

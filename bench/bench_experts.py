@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.fixtures import ROOT, command_line, write_results
+from bench.fixtures import RESULTS, command_line, write_results
 
 
 def planted(d: int, n_exp: int, f: int, layers: int, head_width: int = 64, seed: int = 0) -> tuple[Any, Any]:
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--head-width", type=int, default=64, help="attention head width (d / width heads, at least 4)")
     ap.add_argument("--devices", nargs="+", default=["cpu", "cuda"])
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "experts.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "experts.json")
     args = ap.parse_args(argv)
     devices = [dv for dv in args.devices if dv != "cuda" or torch.cuda.is_available()]
     rows = [run(size, args.layers, dv, args.head_width) for size in args.sizes for dv in devices]

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from bench.fixtures import ROOT, command_line, write_results
+from bench.fixtures import RESULTS, command_line, write_results
 
 CHOSEN = ["resid", "attn[0]", "ff[0]"]
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--widths", type=int, nargs="+", default=[16, 32, 64])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gram.json"))
+    ap.add_argument("--out", default=str(RESULTS / "gram.json"))
     args = ap.parse_args(argv)
     quality, scale = [], []
     for seed in args.seeds:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_check import CASES, build
-from bench.fixtures import ROOT, command_line, module_command, write_results
+from bench.fixtures import RESULTS, ROOT, command_line, module_command, write_results
 
 
 def measure(case: str, samples: int, dtypes: list[str]) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--dtypes", default="float64,float32")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "infer.json"))
+    ap.add_argument("--out", default=str(RESULTS / "infer.json"))
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     dtypes = args.dtypes.split(",")

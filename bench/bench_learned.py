@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from bench import trained
-from bench.fixtures import ROOT, command_line, write_results
+from bench.fixtures import RESULTS, command_line, write_results
 from symspec.analyzers.barrier import Measurer
 from symspec.learned import LearnedOptions
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "learned_variants.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "learned_variants.json")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []

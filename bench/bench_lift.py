@@ -26,7 +26,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from bench.fixtures import ROOT, command_line, write_results
+from bench.fixtures import RESULTS, command_line, write_results
 
 CASES = {
     "nanogpt": (dict(n_head=2, head_dim=4, n_ff=12), dict(n_head=3, head_dim=4, n_ff=20)),
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "lift.json"))
+    ap.add_argument("--out", default=str(RESULTS / "lift.json"))
     args = ap.parse_args(argv)
     rows = []
     for case, (kb, ka) in CASES.items():

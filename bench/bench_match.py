@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fixtures import (
+    RESULTS,
     ROOT,
     SIZES,
     command_line,
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap", default="on", help="comma-separated on/off: batched solves beside the statistics")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--quick", action="store_true", help="tiny and small only, no layer sweep")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "match.json"))
+    ap.add_argument("--out", default=str(RESULTS / "match.json"))
     args = ap.parse_args(argv)
     if args.case:
         print(json.dumps(run_case(json.loads(args.case))))

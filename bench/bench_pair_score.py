@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.fixtures import ROOT, best_of, command_line, write_results
+from bench.fixtures import RESULTS, best_of, command_line, write_results
 
 
 def measure(n: int, repeat: int) -> dict[str, float]:
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 3072, 8192])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "pair_score.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "pair_score.json")
     args = ap.parse_args(argv)
     rows = []
     for n in args.sizes:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.fixtures import ROOT, command_line, write_results
+from bench.fixtures import RESULTS, command_line, write_results
 
 
 def run(cost: Any, lp_max: int) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", nargs="+", default=["16x8", "64x32", "256x128", "1024x256"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--lp-max", type=int, default=300_000)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "semiperm.json"))
+    ap.add_argument("--out", default=str(RESULTS / "semiperm.json"))
     args = ap.parse_args(argv)
     rows = []
     for size in args.sizes:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from bench import trained
-from bench.fixtures import ROOT
+from bench.fixtures import RESULTS, ROOT
 from symspec import __version__
 from symspec.alignment import get_method
 from symspec.analyzers.barrier import mean_stderr
@@ -44,7 +44,7 @@ from symspec.analyzers.simplex import analyze_merge, plot_simplex
 from symspec.outputs import atomic_write_text
 from symspec.universe import universe_match
 
-RESULTS = ROOT / "bench" / "results"
+RESULTS = RESULTS
 SPECS = {"gpt": "nanogpt", "vit": "vit"}
 
 

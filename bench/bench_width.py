@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import trained
-from bench.fixtures import ROOT, command_line, write_results
+from bench.fixtures import RESULTS, command_line, write_results
 from symspec.analyzers.barrier import Measurer, align_pair, mean_stderr, pair_result
 
 METHODS = {"none": ("none", "random"), "random-weight": ("weight", "random"), "weight": ("weight", "fitted"),
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--free-lambda", default="uniform", help="-free methods: where lambda is drawn (uniform, narrow, fixed:X)")
     ap.add_argument("--data", default=f"text:{trained.DEFAULT_TEXT}")
     ap.add_argument("--train-only", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "width.json"))
-    ap.add_argument("--plot", default=str(ROOT / "bench" / "results" / "width.png"), help="the figure (barrier vs width ratio)")
+    ap.add_argument("--out", default=str(RESULTS / "width.json"))
+    ap.add_argument("--plot", default=str(RESULTS / "width.png"), help="the figure (barrier vs width ratio)")
     ap.add_argument("--from-results", action="store_true", help="only draw the figure and table from --out")
     args = ap.parse_args(argv)
     if args.from_results:

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.fixtures import ROOT, write_results
+from bench.fixtures import RESULTS, ROOT, write_results
 
 #: what each README command installs (the test command also adds the MiniLM package, --no-deps)
 COMMANDS = {
@@ -39,7 +39,7 @@ def measure(requirement_sets: list[list[str]]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "download_size.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "download_size.json")
     args = ap.parse_args(argv)
     results = {name: measure(sets) for name, sets in COMMANDS.items()}
     for name, r in results.items():

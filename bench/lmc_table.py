@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from bench import trained
-from bench.fixtures import ROOT
+from bench.fixtures import RESULTS, ROOT
 from symspec import __version__
 from symspec.alignment import get_method, method_names, register_method
 from symspec.alignment.builtin import WeightMatching
@@ -64,7 +64,7 @@ register_method(WeightMatching(name="weight-perm-resid-fixed", label="permutatio
 #: methods run only when asked for with --methods
 ABLATIONS = ("weight-perm-resid-fixed",)
 
-RESULTS = ROOT / "bench" / "results"
+RESULTS = RESULTS
 #: table order; methods registered later come after these
 ORDER = ("none", "weight-perm", "weight", "universe")
 TASKS = {"gpt": "nanogpt", "vit": "vit"}
