@@ -12,6 +12,8 @@
   sub-packages is its face, not an edge.
 - **Size.** No function (``def`` line to last line) over :data:`MAX_FUNCTION` lines and no
   file over :data:`MAX_FILE` lines in ``symspec/``, ``analyzers/`` or ``cli/``.
+- **Benchmarks** (``bench/``, a package run as ``python -m bench.NAME``) import public
+  names of symspec only and never change ``sys.path``.
 
 Each rule has a negative case below: a snippet that breaks it, which the rule must flag.
 """
@@ -190,6 +192,24 @@ def long_file(source: str, where: str) -> list[str]:
     return [f"{where}: {lines} lines"] if lines > MAX_FILE else []
 
 
+def bench_faults(source: str, where: str) -> list[str]:
+    """What a benchmark script must not do: import a private name of symspec (``_x``, or
+    from a private module) or change ``sys.path`` (the scripts are a package, run as
+    ``python -m bench.NAME``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and within(node.module, "symspec"):
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if private or any(part.startswith("_") for part in node.module.split(".")):
+                found.append(f"{where}:{node.lineno}: imports a private name of {node.module}: "
+                             f"{', '.join(private) or node.module}")
+        elif (isinstance(node, ast.Attribute) and node.attr in ("insert", "append")
+              and isinstance(node.value, ast.Attribute) and node.value.attr == "path"
+              and isinstance(node.value.value, ast.Name) and node.value.value.id == "sys"):
+            found.append(f"{where}:{node.lineno}: changes sys.path")
+    return found
+
+
 # ---------------------------------------------------------------- the live tree
 
 
@@ -235,6 +255,13 @@ def test_no_function_over_80_lines(tree) -> None:
 
 def test_no_file_over_600_lines(tree) -> None:
     bad = [v for f, _, source, _ in tree for v in long_file(source, str(f.relative_to(ROOT)))]
+    assert not bad, "\n".join(bad)
+
+
+def test_benchmarks_import_public_names_only() -> None:
+    scripts = sorted((ROOT / "bench").glob("*.py"))
+    assert len(scripts) > 10 and (ROOT / "bench" / "__init__.py").exists()
+    bad = [v for f in scripts for v in bench_faults(f.read_text(), str(f.relative_to(ROOT)))]
     assert not bad, "\n".join(bad)
 
 
@@ -336,3 +363,14 @@ def test_a_function_over_80_lines_is_flagged() -> None:
 def test_a_file_over_600_lines_is_flagged() -> None:
     assert long_file("x = 1\n" * 601, "x.py") == ["x.py: 601 lines"]
     assert not long_file("x = 1\n" * 600, "x.py")
+
+
+@pytest.mark.parametrize("source", [
+    "from symspec.width.fit import _lift_all_but\n",
+    "def f():\n    from symspec.solvers.kinds.smooth import best_scale_value, _polish\n",
+    "from symspec._lazy import lazy_exports\n",
+    "import sys\nsys.path.insert(0, 'bench')\n",
+])
+def test_a_benchmark_reaching_into_private_names_is_flagged(source: str) -> None:
+    assert bench_faults(source, "bench/x.py")
+    assert not bench_faults("from symspec.width.fit import unit_costs\nfrom symspec import __version__\n", "bench/x.py")
