@@ -197,7 +197,16 @@ def bench_faults(source: str, where: str) -> list[str]:
     from a private module) or change ``sys.path`` (the scripts are a package, run as
     ``python -m bench.NAME``)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    # names bound to symspec's modules or objects, whose private attributes are private too
+    bound = {(a.asname or a.name).split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for a in node.names if within(a.name, "symspec")}
+    bound |= {a.asname or a.name for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module and within(node.module, "symspec") for a in node.names}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{where}:{node.lineno}: uses the private {node.value.id}.{node.attr}")
         if isinstance(node, ast.ImportFrom) and node.module and within(node.module, "symspec"):
             private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
             if private or any(part.startswith("_") for part in node.module.split(".")):
@@ -370,6 +379,8 @@ def test_a_file_over_600_lines_is_flagged() -> None:
     "def f():\n    from symspec.solvers.kinds.smooth import best_scale_value, _polish\n",
     "from symspec._lazy import lazy_exports\n",
     "import sys\nsys.path.insert(0, 'bench')\n",
+    "import symspec.solvers.kinds.smooth as smooth\nsmooth._polish(x, c)\n",
+    "from symspec.certify import joint as cj\ncj._value_of(v)\n",
 ])
 def test_a_benchmark_reaching_into_private_names_is_flagged(source: str) -> None:
     assert bench_faults(source, "bench/x.py")
