@@ -379,14 +379,11 @@ def config_warning(a: Any, b: Any, names: tuple[str, str], mixing: str) -> str |
     diff = config_differences(a, b)
     if not diff:
         return None
-    from symspec.errors import SymspecInputError
-    from symspec.width import lift_needed
-
-    try:  # different widths under one spec: B is lifted into A's shape first, nothing mixes
-        if lift_needed(resolve_spec(None, a.model, a.spec_hint()), a.model, b.model):
-            return None
-    except SymspecInputError:
-        pass  # no spec, or widths that cannot be lifted: the command says so itself
+    shapes_a = {k: tuple(v.shape) for k, v in a.model.state_dict().items()}
+    if shapes_a != {k: tuple(v.shape) for k, v in b.model.state_dict().items()}:
+        # different widths: B is lifted into A's shape first (nothing of two configs mixes),
+        # or the command refuses the pair itself; either way not "same weight shapes"
+        return None
     fields = "; ".join(f"{k}: {va!r} vs {vb!r}" for k, (va, vb) in diff.items())
     return (f"warning: {names[0]} and {names[1]} have different configs ({fields}): same weight shapes, "
             f"but not the same function; their {mixing} mixes two models")

@@ -356,6 +356,23 @@ def test_config_differences() -> None:
     assert config_differences(torch.nn.Linear(2, 2), opt2) == {}  # no config: nothing to compare
 
 
+def test_no_same_shapes_warning_for_models_of_different_widths() -> None:
+    """The warning says "same weight shapes": where the widths differ (B lifted into A,
+    or A narrower than B, which the command refuses itself) it once preceded the error
+    line with that false claim. The control: same shapes, another head count, warned."""
+    from symspec.cli._common import config_warning
+    from symspec.loading import LoadedModel
+
+    def loaded(**kw: Any) -> LoadedModel:
+        return LoadedModel(ZOO["opt"](seed=0, n_layer=1, **kw)[0], Path("m"), "hf")
+
+    narrow, wide = loaded(n_head=2, head_dim=4), loaded(n_head=4, head_dim=4)
+    assert config_warning(narrow, wide, ("A", "B"), "average") is None
+    assert config_warning(wide, narrow, ("A", "B"), "average") is None
+    warned = config_warning(narrow, loaded(n_head=4, head_dim=2), ("A", "B"), "average")
+    assert warned is not None and "same weight shapes" in warned and "num_attention_heads: 2 vs 4" in warned
+
+
 def test_warning_for_same_shapes_different_configs(zoo: Zoo, tmp_path: Path) -> None:
     a = zoo.folder("opt", 0)
     b = zoo.folder("opt", 1, n_head=4, head_dim=2)  # the same shapes as a (2 heads of 4), 4 heads of 2
