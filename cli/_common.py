@@ -110,6 +110,7 @@ def _watching_interrupts() -> Iterator[list[int]]:
     """Ctrl-C as ``KeyboardInterrupt``, as always, but remembered: a library that swallows
     it (a broad ``except``, a C extension that clears every error) cannot turn it into
     another failure's traceback. Also puts :class:`_WholeImports` first in line."""
+    import os
     import signal
     import threading
 
@@ -123,13 +124,30 @@ def _watching_interrupts() -> Iterator[list[int]]:
         seen.append(signum)
         raise KeyboardInterrupt
 
+    def unraisable(info: Any) -> None:
+        # a KeyboardInterrupt raised where Python cannot raise (a weakref callback, such as
+        # importlib's module-lock clean-up, or a __del__) is printed as "Exception ignored"
+        # and lost: the run went on to exit 0. Deliver the signal again instead, a moment
+        # later from a timer thread: raised now it would land in this hook, where Python
+        # cannot raise either; later it is handled in ordinary code (should it land in such
+        # a place again, this hook sends it once more).
+        if ours and issubclass(info.exc_type, KeyboardInterrupt):
+            timer = threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGINT))
+            timer.daemon = True
+            timer.start()
+        else:
+            previous_hook(info)
+
+    previous_hook = sys.unraisablehook
     if ours:
         signal.signal(signal.SIGINT, on_sigint)
+        sys.unraisablehook = unraisable
     try:
         yield seen
     finally:
         if ours:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            sys.unraisablehook = previous_hook
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(finder)  # type: ignore[arg-type]
 
