@@ -5,7 +5,9 @@ finished spec passes."""
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -43,6 +45,7 @@ def guide_spec() -> str:
 @cache
 def _model_module() -> Any:
     path = Path(tempfile.mkdtemp(prefix="symspec-guide-")) / "phi_model.py"
+    atexit.register(shutil.rmtree, path.parent, True)  # each run once left its folder in /tmp
     path.write_text(block("model"))
     return import_file(path)
 
