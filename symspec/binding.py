@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from .canonical import STEPS, BindContext, CanonOp
-from .errors import BindError, Diagnostic, GroupError, Location, suggest
+from .errors import BindError, Diagnostic, GroupError, Location, SymspecInputError, suggest
 from .groups import Group
 from .problem import (
     AxisBinding,
@@ -30,7 +30,9 @@ from .problem import (
     Segment,
     SpaceInstance,
 )
+from .spec.builtin import BUILTIN_PREFIX, builtin_names, specs_for_class
 from .spec.exprs import DimContext, ExprError, evaluate_dims, parse_expr
+from .spec.load import load_spec
 from .spec.model import AxisExpr, Chain, ParamDecl, SpaceDecl, Spec
 from .spec.templates import example_name, fill, matches, template_regex
 from .statedict import storage_key
@@ -468,8 +470,6 @@ def _transform_signature(pb: ParamBinding | None, spaces: Mapping[str, SpaceInst
 def _misfit_headline(spec: Spec, cls_name: str, matched: int, problems: int, tensors: Mapping[str, Any]) -> str:
     """The first line of a binding error: how much of the spec fits at all, and which
     built-in spec would (``--spec gpt2`` on a Llama reports ~40 problems; the fix is one)."""
-    from .spec.builtin import BUILTIN_PREFIX, specs_for_class
-
     total = len(spec.params)
     line = (f"{spec.source}: the spec '{spec.name}' does not fit {cls_name}: "
             f"{matched} of its {total} parameter template(s) match a parameter ({problems} problem(s))")
@@ -492,10 +492,6 @@ def _misfit_headline(spec: Spec, cls_name: str, matched: int, problems: int, ten
 def _builtin_naming(tensors: Mapping[str, Any], exclude: str) -> list[str]:
     """The built-in specs all of whose parameter templates match these parameters (for a
     state dict, or a class no spec lists)."""
-    from .errors import SymspecInputError
-    from .spec.builtin import BUILTIN_PREFIX, builtin_names
-    from .spec.load import load_spec
-
     out = []
     for name in builtin_names():
         if exclude == f"{BUILTIN_PREFIX}{name}":

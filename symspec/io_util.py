@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .errors import SymspecInputError
+
 
 def json_safe(x: Any) -> Any:
     """``x`` with every non-finite float as the string "nan", "inf" or "-inf" (strict
@@ -54,8 +56,6 @@ def read_small_file(path: str | Path, what: str, *, limit: int | None = None,
     ...
     symspec.errors.SymspecInputError: /dev/zero: is a character device, not a spec file (a regular file)
     """
-    from .errors import SymspecInputError
-
     fail = error or SymspecInputError
     limit = MAX_TEXT_BYTES if limit is None else limit
     try:

@@ -69,7 +69,7 @@ def torch_threads(n: int) -> Iterator[None]:
     """torch's CPU threads set to ``n`` (a process-wide setting; 0 or less: unchanged),
     and what they were before restored after: the same count everywhere keeps results
     bitwise identical, whichever thread, process or executor computes them."""
-    import torch
+    import torch  # deferred: the CLI reads this module's settings before it needs torch
 
     before = torch.get_num_threads()
     if n > 0 and n != before:

@@ -27,12 +27,15 @@ from typing import Any
 
 import attrs
 import torch
+from safetensors import safe_open
+from safetensors.torch import save
 
 from .errors import SymspecInputError
 from .groups import Element, Group
 from .groups import parse as parse_group
 from .outputs import atomic_write_bytes, atomic_write_text
 from .statedict import element_to_cpu
+from .transforms import apply_elements, canonicalize_state_dict, reversed_problem
 
 FORMAT = "symspec-transform"
 VERSION = 1
@@ -118,8 +121,6 @@ class TransformRecord:
         ``canonicalize=False``, its Problem). ``canonicalize`` defaults to True for a
         forward record and False for an inverted one.
         """
-        from .transforms import apply_elements, canonicalize_state_dict, reversed_problem
-
         self.fits(bound)
         problem = getattr(bound, "problem", bound)
         canon = (not self.inverted) if canonicalize is None else canonicalize
@@ -155,8 +156,6 @@ class TransformRecord:
         """Write ``transform.safetensors`` and ``transform.json`` into the folder ``path``
         (or next to ``path`` when it names a .safetensors file), atomically. Returns the
         safetensors path."""
-        from safetensors.torch import save
-
         p = Path(path)
         target = p if p.suffix == ".safetensors" else p / TENSORS
         index = self.index()
@@ -169,8 +168,6 @@ class TransformRecord:
     @classmethod
     def load(cls, path: str | Path) -> TransformRecord:
         """Read a record from its folder, its .safetensors file or its .json index."""
-        from safetensors import safe_open
-
         p = Path(path)
         if p.is_dir():
             p = p / TENSORS

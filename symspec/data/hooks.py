@@ -30,6 +30,7 @@ from symspec.data.base import (
     slice_inputs,
 )
 from symspec.data.losses import cross_entropy
+from symspec.loading import describe_failure, import_file, user_code, where_in
 
 
 def hooks_module(loaded: Any, factory: str | Path | None = None) -> Any:
@@ -42,7 +43,6 @@ def hooks_module(loaded: Any, factory: str | Path | None = None) -> Any:
         return mf.module
     if factory is None:
         return None
-    from symspec.loading import import_file
 
     return import_file(factory)
 
@@ -68,7 +68,6 @@ def hook_data(req: DataRequest) -> EvalData:
     unused = [k for k in src.options if k not in kwargs]
     if unused:
         raise DataError(f"--data {src}: the model file's data() takes no option '{unused[0]}'")
-    from symspec.loading import user_code
 
     try:
         with user_code(getattr(module, "__file__", None) or "the model file", f"in data({split!r})"):
@@ -77,7 +76,6 @@ def hook_data(req: DataRequest) -> EvalData:
     except DataError:
         raise
     except (Exception, SystemExit) as e:  # the model file's own code: sys.exit() there is a failure too
-        from symspec.loading import describe_failure, where_in
 
         origin = getattr(module, "__file__", None)
         where = where_in(e, origin) if origin else "the model file"

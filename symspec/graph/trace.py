@@ -115,7 +115,7 @@ def trace(model: torch.nn.Module, example_inputs: Any, problem: Problem | None =
         mg = ModelGraph(method, "; ".join(reasons), gm, graph, nodes)
         mg.param_users = _param_users(mg)
         if problem is not None:
-            from .sites import find_sites
+            from .sites import find_sites  # here: sites imports this module (ModelGraph, Node)
 
             mg.sites = by_space(find_sites(mg, problem))
         return mg

@@ -14,7 +14,8 @@ from typing import Any
 from ..errors import GroupError, SpecError, suggest
 from ..groups import ALIASES, REGISTRY
 from ..io_util import read_small_file
-from .exprs import ExprError, literal_value, parse_expr, static_errors
+from .builtin import BUILTIN_PREFIX, builtin_names, builtin_path
+from .exprs import ExprError, literal_value, names_in, parse_expr, static_errors
 from .groupexpr import GroupExpr, UnknownGroupError, parse_group_expr
 from .model import (
     AxisExpr,
@@ -58,8 +59,6 @@ def load_spec(source: str | Path) -> Spec:
     >>> load_spec("nanogpt").source
     'builtin:nanogpt'
     """
-    from .builtin import BUILTIN_PREFIX, builtin_names, builtin_path
-
     p = Path(source)
     # a folder is never a spec: one named like a built-in spec (a model folder 'llama' in
     # the working folder) does not hide that spec
@@ -224,8 +223,6 @@ def _dim_cycles(deps: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _names(node: ast.expr) -> set[str]:
-    from .exprs import names_in
-
     return names_in(node)
 
 
