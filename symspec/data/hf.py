@@ -19,6 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from symspec.data.base import (
     DataError,
     DataRequest,
@@ -40,7 +42,7 @@ HF_OPTIONS = tuple(dict.fromkeys((*TEXT_OPTIONS, *IMAGE_OPTIONS, "column", "labe
 def _load(root: Path) -> dict[str, Any]:
     """The dataset's splits by name (a plain Dataset is one split, ``train``)."""
     try:
-        import datasets
+        import datasets  # optional: the datasets extra
     except ImportError as e:
         raise DataError(f"{root}: hf: data needs the datasets library (pip install 'symspec[datasets]')") from e
     if not root.is_dir():
@@ -95,7 +97,7 @@ def _rows(req: DataRequest, root: Path, splits: dict[str, Any]) -> tuple[Any, st
 
 def _column(req: DataRequest, ds: Any, where: str) -> tuple[str, str]:
     """(column, "text" or "image")."""
-    import datasets
+    import datasets  # optional: the datasets extra
 
     features = ds.features
     kinds = {c: "image" if isinstance(f, datasets.Image)
@@ -137,8 +139,7 @@ def hf_data(req: DataRequest) -> EvalData:
 
 
 def _image_rows(req: DataRequest, ds: Any, where: str, column: str, name: str, details: dict[str, Any]) -> EvalData:
-    import datasets
-    import torch
+    import datasets  # optional: the datasets extra
 
     label = req.source.options.get("label") or next((c for c in LABEL_NAMES if c in ds.features), None)
     if label is None or label not in ds.features:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 
 from symspec.data.base import (
@@ -153,7 +154,7 @@ def _per_channel(value: Any, channels: int, path: Path | None, key: str) -> tupl
 
 def open_image(path: Path) -> Any:
     """``path`` decoded by Pillow (a :class:`DataError` naming it when it cannot be)."""
-    from PIL import Image
+    from PIL import Image  # optional: Pillow (comes with matplotlib)
 
     try:
         with Image.open(path) as img:
@@ -166,8 +167,7 @@ def open_image(path: Path) -> Any:
 def to_tensors(images: Iterable[tuple[Any, str]], prep: ImagePrep) -> torch.Tensor:
     """(Pillow image, name) pairs as one preprocessed tensor [n, C, H, W]; the name (a
     file, a dataset row) is what messages about the image say. Decoded one at a time."""
-    import numpy as np
-    from PIL import Image
+    from PIL import Image  # optional: Pillow (comes with matplotlib)
 
     mode = "L" if prep.channels == 1 else "RGB"
     ref = (prep.size[1], prep.size[0]) if prep.size else None

@@ -162,7 +162,7 @@ def _read_pair(img: Path, lab: Path) -> tuple[torch.Tensor, torch.Tensor]:
 def digits_data(req: DataRequest) -> EvalData:
     """scikit-learn's bundled 8x8 digits (1,797 images, values 0-16), no download."""
     try:
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # optional: scikit-learn (the all extra)
     except ImportError as e:
         raise DataError("digits data needs scikit-learn (pip install scikit-learn)") from e
     d = load_digits()

@@ -70,7 +70,7 @@ def load_tokenizer(path: Path) -> TextTokenizer:
 
 def _from_json(path: Path) -> TextTokenizer:
     try:
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # optional: the text extra
     except ImportError as e:
         raise DataError(f"{path}: tokenised text needs the tokenizers library (pip install 'symspec[text]')") from e
     try:
@@ -85,7 +85,7 @@ def _from_json(path: Path) -> TextTokenizer:
 
 def _from_transformers(path: Path, found: list[str]) -> TextTokenizer:
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # optional: the hf extra
     except ImportError:
         raise DataError(f"{path}: holds {', '.join(found)} but no tokenizer.json; reading it needs transformers "
                         "(pip install 'symspec[hf]'), or give tokenizer=PATH to a tokenizer.json") from None
