@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 from symspec.errors import GroupError
 from symspec.groups import REGISTRY, NoEntry, S, has_entry, kind_entry
 
+from .test_certify import MLP, MLP_SPEC
 from .toy_kinds import Cyc, registered
 
 
@@ -92,34 +92,9 @@ def test_a_kind_without_a_lift_is_refused_naming_the_space_kind_and_reason() -> 
 
 # -- the recipe: a toy kind registered from a test --------------------------------------------------------
 
-TOY_SPEC = """
-symspec: 1
-name: toy
-dims:
-  d: shape("fc1.weight", 1)
-  h: shape("fc1.weight", 0)
-  k: shape("fc2.weight", 0)
-spaces:
-  hid: Cyc(h)
-  hid2: S(k)
-params:
-  fc1.weight: [hid, _]
-  fc1.bias: [hid]
-  fc2.weight: [hid2, hid*]
-  fc2.bias: [hid2]
-  fc3.weight: [_, hid2*]
-  fc3.bias: invariant
-"""
-
-
-class MLP(nn.Module):
-    def __init__(self, d: int, h: int, k: int, seed: int) -> None:
-        super().__init__()
-        torch.manual_seed(seed)
-        self.fc1, self.fc2, self.fc3 = nn.Linear(d, h), nn.Linear(h, k), nn.Linear(k, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+#: the MLP of the certificate tests with its first hidden layer under the toy kind
+TOY_SPEC = MLP_SPEC.replace("name: mlp", "name: toy").replace("hid: S(h)", "hid: Cyc(h)")
+assert "Cyc(h)" in TOY_SPEC
 
 
 @pytest.fixture
