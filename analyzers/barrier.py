@@ -31,11 +31,20 @@ from typing import Any
 import attrs
 import torch
 
-from symspec.alignment import get_method
+from symspec.alignment import align, get_method, method_names
 from symspec.data import EvalData, check_fits
 from symspec.errors import SymspecInputError
+from symspec.width import lift_needed
 
-from .interpolate import Curve, PathError, PathEvaluator, check_pair, functional_names
+from .interpolate import (
+    Curve,
+    PathError,
+    PathEvaluator,
+    check_grid,
+    check_pair,
+    functional_names,
+    lambdas,
+)
 
 
 @attrs.frozen
@@ -104,7 +113,6 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def method_label(name: str) -> str:
     """How reports and plots name a method: its registered label (the name itself for a
     method no longer registered)."""
-    from symspec.alignment import method_names
 
     return get_method(name).label if name in method_names() else name
 
@@ -123,7 +131,6 @@ def align_pair(method: str, model_a: torch.nn.Module, model_b: torch.nn.Module, 
         if not m.canonical:
             return Aligned(model_a, _state(model_a), _state(model_b))
         raise SymspecInputError(f"{m.label} needs a spec (--spec, the model file's SPEC, or a built-in spec)")
-    from symspec.alignment import align
 
     start = time.perf_counter()
     result = align(model_a, model_b, spec, method=m, device=device, data=data, **kw)
@@ -213,7 +220,6 @@ class Measurer:
     def __init__(self, data: EvalData, *, points: int | Sequence[float] = 11, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, align_data: EvalData | None = None,
                  align_validation: EvalData | None = None) -> None:
-        from .interpolate import check_grid, lambdas
 
         self.grid = lambdas(points) if isinstance(points, int) else check_grid(points)
         self.data = data
@@ -264,7 +270,6 @@ def _widths_differ(spec: Any, model_a: torch.nn.Module, model_b: torch.nn.Module
     difference or a narrower A is refused here, in one line."""
     if spec is None:
         return False
-    from symspec.width import lift_needed
 
     return bool(lift_needed(spec, model_a, model_b))
 

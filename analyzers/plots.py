@@ -16,7 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .barrier import PairResult, method_label, summarize
+from symspec.outputs import atomic_write_bytes
+
+from .barrier import PairResult, mean_stderr, method_label, summarize
 
 if TYPE_CHECKING:
     from .report import BarrierReport
@@ -25,10 +27,10 @@ if TYPE_CHECKING:
 def plot_results(results: Mapping[str, Sequence[PairResult]], path: str | Path, *, title: str | None = None,
                  dpi: int = 120) -> Path:
     """Draw every method's curves on one figure and write it as PNG (atomically)."""
+    # optional to load: plotting stays off the import path of every command that does not plot
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from symspec.outputs import atomic_write_bytes
 
     methods = {m: list(rs) for m, rs in results.items() if rs}
     if not methods:
@@ -48,7 +50,6 @@ def plot_results(results: Mapping[str, Sequence[PairResult]], path: str | Path, 
                line=(s.loss_a_mean, s.loss_b_mean))
         if with_acc and s.accuracy_mean is not None:
             accs = [list(r.curve.accuracies or ()) for r in rs]
-            from .barrier import mean_stderr
 
             se = [mean_stderr(c)[1] for c in zip(*accs)]
             _panel(axes[1], lam, accs, list(s.accuracy_mean), se, color, method_label(m),

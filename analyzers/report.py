@@ -16,11 +16,13 @@ from typing import Any
 
 import attrs
 
+from symspec._version import __version__
 from symspec.data import EvalData
 from symspec.io_util import json_safe
 from symspec.outputs import atomic_write_bytes
 
 from .barrier import PairResult, Summary, method_label, summarize
+from .plots import plot_report
 
 SCHEMA_ID = "symspec.barrier/1"
 
@@ -55,7 +57,6 @@ class BarrierReport:
         return {m: summarize(rs) for m, rs in self.results.items() if rs}
 
     def to_dict(self) -> dict[str, Any]:
-        from symspec import __version__
 
         sums = self.summaries()
         methods = []
@@ -121,7 +122,6 @@ class BarrierReport:
         return "\n".join(lines).rstrip() + "\n"
 
     def plot(self, path: str | Path, title: str | None = None) -> Path:
-        from .plots import plot_report
 
         return plot_report(self, path, title=title)
 

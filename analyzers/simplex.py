@@ -36,6 +36,7 @@ import torch
 
 from symspec.data import EvalData
 from symspec.errors import SymspecInputError
+from symspec.outputs import atomic_write_bytes
 
 from .interpolate import PathEvaluator, check_pair
 
@@ -350,12 +351,12 @@ def _cartesian(w: Sequence[float]) -> tuple[float, float]:
 def plot_simplex(surfaces: Sequence[SimplexSurface], path: str | Path, *, title: str | None = None, dpi: int = 120) -> Path:
     """Heat maps of the deviation over the 2-simplex (three models), one panel per
     surface, on one colour scale centred at 0, with the zero-deviation contour."""
+    # optional to load: plotting stays off the import path of every command that does not plot
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.figure import Figure
     from matplotlib.tri import Triangulation
 
-    from symspec.outputs import atomic_write_bytes
 
     surfaces = [s for s in surfaces if len(s.names) == 3]
     if not surfaces:

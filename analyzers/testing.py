@@ -19,6 +19,8 @@ import attrs
 import torch
 
 from symspec.data import EvalData, call_model
+from symspec.planting import plant
+from symspec.transforms import apply_elements, inverse_elements
 
 
 @attrs.frozen
@@ -37,8 +39,6 @@ def planted_pair(model: torch.nn.Module, spec: Any, *, seed: int = 0, spaces: Se
     """B = g·A for a random g (seeded; all spaces of ``spec`` unless ``spaces``), as state
     dicts of A's canonical module (:func:`symspec.plant` computes g·A in float64 and casts
     back to the model's dtype). ``spec``: a Spec, a spec path or a built-in name."""
-    from symspec.planting import plant
-    from symspec.transforms import apply_elements, inverse_elements
 
     p = plant(model, spec, seed=seed, spaces=spaces, cond=cond)
     problem = p.bound.problem

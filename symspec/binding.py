@@ -19,6 +19,7 @@ import torch
 
 from .canonical import STEPS, BindContext, CanonOp
 from .errors import BindError, Diagnostic, GroupError, Location, SymspecInputError, suggest
+from .graph import trace as trace_model
 from .groups import Group
 from .problem import (
     AxisBinding,
@@ -98,7 +99,6 @@ def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, con
     problem = Problem(spaces=b.spaces, params=b.params, invariants=tuple(b.invariants), ties=after_untie)
     bound = BoundSpec(spec, problem, dims, canonical, tuple(declared))
     if trace and b.model.module is not None and example_inputs is not None:
-        from .graph import trace as trace_model
 
         bound.graph = trace_model(b.model.module, example_inputs, bound.problem)
         bound.problem = attrs.evolve(problem, sites=bound.graph.all_sites())

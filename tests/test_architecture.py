@@ -187,6 +187,26 @@ def long_functions(source: str, where: str) -> list[str]:
             if node.end_lineno - node.lineno + 1 > MAX_FUNCTION]
 
 
+def unexplained_deferred_imports(source: str, where: str) -> list[str]:
+    """Imports inside a function with no comment on their line or the three lines above
+    it (or above the run of imports it stands in). Everything is imported at module level
+    except an optional dependency (cvxpy, transformers, matplotlib, ...) or a module that
+    must stay off an import path (the CLI's help imports no torch), and such an import
+    says why where it stands."""
+    lines = source.splitlines()
+    found = []
+    for fn in functions(ast.parse(source)):
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            first = node.lineno - 1
+            while first > 0 and lines[first - 1].strip().startswith(("import ", "from ")):
+                first -= 1
+            if not any("#" in line for line in lines[max(0, first - 3):node.lineno]):
+                found.append(f"{where}:{node.lineno}: {lines[node.lineno - 1].strip()} (in {fn.name}) says not why")
+    return sorted(set(found))
+
+
 def long_file(source: str, where: str) -> list[str]:
     lines = len(source.splitlines())
     return [f"{where}: {lines} lines"] if lines > MAX_FILE else []
@@ -259,6 +279,14 @@ def test_no_circle_between_packages(tree) -> None:
 
 def test_no_function_over_80_lines(tree) -> None:
     bad = [v for f, _, source, _ in tree for v in long_functions(source, str(f.relative_to(ROOT)))]
+    assert not bad, "\n".join(bad)
+
+
+def test_imports_in_functions_say_why(tree) -> None:
+    """The library and the analyzers; the CLI's command modules import lazily by design
+    (cli/main.py loads each command on use)."""
+    bad = [v for f, module, source, _ in tree if not within(module, "symspec.cli")
+           for v in unexplained_deferred_imports(source, str(f.relative_to(ROOT)))]
     assert not bad, "\n".join(bad)
 
 
@@ -367,6 +395,17 @@ def test_a_function_over_80_lines_is_flagged() -> None:
     # a method, and a function nested in a short one's place, count the same
     method = "class C:\n" + "\n".join("    " + line for line in _function(81).splitlines()) + "\n"
     assert long_functions(method, "x.py") == ["x.py:2: f has 81 lines"]
+
+
+def test_an_import_in_a_function_without_a_reason_is_flagged() -> None:
+    assert unexplained_deferred_imports("def f():\n    import torch\n    return torch\n", "x.py") == \
+        ["x.py:2: import torch (in f) says not why"]
+    assert not unexplained_deferred_imports("def f():\n    import cvxpy  # optional: the convex extra\n", "x.py")
+    assert not unexplained_deferred_imports("def f():\n    # optional: plotting\n    import matplotlib\n", "x.py")
+    # a run of imports under one comment: each is explained; the run ends at other code
+    run = "def f():\n    # optional: plotting\n" + "    import a\n" * 5 + "    x = 1\n    import b\n"
+    assert unexplained_deferred_imports(run, "x.py") == ["x.py:9: import b (in f) says not why"]
+    assert not unexplained_deferred_imports("import torch\n\n\ndef f():\n    return torch\n", "x.py")
 
 
 def test_a_file_over_600_lines_is_flagged() -> None:
