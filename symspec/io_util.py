@@ -40,6 +40,25 @@ _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")
           (stat.S_ISSOCK, "a socket"))
 
 
+def _not_a_regular_file(path: str | Path, mode: int, what: str) -> str | None:
+    """Why ``path`` (of file ``mode``) cannot be read as a ``what``; None for a regular file."""
+    if stat.S_ISDIR(mode):
+        return f"{path}: is a folder, not a {what}"
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "something other than a regular file")
+        return f"{path}: is {kind}, not a {what} (a regular file)"
+    return None
+
+
+def refuse_special_file(path: str | Path, what: str, error: Callable[[str], Exception]) -> None:
+    """Refuse a device, a pipe or a socket at ``path`` before anything opens it (a reader
+    that is not :func:`read_small_file`: ``torch.load`` of a FIFO waits for a writer
+    forever, of ``/dev/zero`` until memory runs out), with :func:`read_small_file`'s words."""
+    refusal = _not_a_regular_file(path, os.stat(path).st_mode, what)
+    if refusal:
+        raise error(refusal)
+
+
 def read_small_file(path: str | Path, what: str, *, limit: int | None = None,
                     error: Callable[[str], Exception] | None = None) -> bytes:
     """The bytes of ``path``, a regular file of at most ``limit`` bytes; anything else is
@@ -65,12 +84,9 @@ def read_small_file(path: str | Path, what: str, *, limit: int | None = None,
     except OSError as e:
         raise fail(f"{path}: cannot read the {what} ({e.strerror or e})") from None
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise fail(f"{path}: is a folder, not a {what}")
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "something other than a regular file")
-            raise fail(f"{path}: is {kind}, not a {what} (a regular file)")
+        refusal = _not_a_regular_file(path, os.fstat(fd).st_mode, what)
+        if refusal:
+            raise fail(refusal)
         chunks, size = [], 0
         while size <= limit:  # a regular file may still grow while it is read
             chunk = os.read(fd, min(limit + 1 - size, 2**20))

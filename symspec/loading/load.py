@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from ..io_util import refuse_special_file
 from .base import SAFETENSORS_SUFFIXES, STATE_DICT_SUFFIXES, LoadedModel
 from .gguf import load_gguf
 from .hf import load_hf
 from .modelfile import load_model_file
 from .statedict import load_state_dict_into, read_state_dict
-
-
-def _refuse_special(p: Path) -> None:
-    """A model path that is a FIFO or a device is refused before anything opens it:
-    ``torch.load`` of a FIFO waits for a writer forever, of ``/dev/zero`` until memory
-    runs out."""
-    mode = p.stat().st_mode
-    if not stat.S_ISREG(mode):
-        kind = "a pipe (FIFO)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
-            else "not a regular file"
-        raise ModelLoadError(f"{p}: is {kind}, not a model file or checkpoint (a regular file)")
 
 
 def load_model(path: str | Path, *, factory: str | Path | None = None) -> LoadedModel:
@@ -33,7 +22,7 @@ def load_model(path: str | Path, *, factory: str | Path | None = None) -> Loaded
         if (p / "config.json").exists():
             return LoadedModel(load_hf(p), p, "hf")
         raise ModelLoadError(f"{path}: a folder without config.json is not a Hugging Face model")
-    _refuse_special(p)
+    refuse_special_file(p, "model file or checkpoint", ModelLoadError)
     if p.suffix.lower() == ".gguf":
         return load_gguf(p)
     if p.suffix == ".py":
