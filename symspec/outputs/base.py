@@ -71,17 +71,37 @@ def is_write_error(e: BaseException) -> bool:
     return isinstance(e, OSError) or any(t.__module__.startswith(m) and t.__name__ == n for m, n in _WRITE_ERRORS)
 
 
+#: safetensors reports an OS error as ``... I/O error: REASON (os error N)`` or
+#: ``IoError(Os { code: N, ... })``: the number is the system's errno
+_OS_ERROR = re.compile(r"os error (\d+)|code: (\d+)")
+
+
+def error_number(e: BaseException) -> int | None:
+    """The system's errno behind ``e``: an ``OSError``'s own, or the one safetensors
+    names in its message; None where there is none."""
+    if isinstance(e, OSError):
+        return e.errno
+    found = _OS_ERROR.search(str(e))
+    return int(found.group(1) or found.group(2)) if found else None
+
+
 def write_error(path: str | Path, e: BaseException) -> SymspecInputError:
-    """``cannot write PATH: REASON`` on one line (safetensors wraps the system's reason
-    as ``IoError(Os { ..., message: "No space left on device" })``: that part is kept).
+    """``cannot write PATH: REASON`` on one line; an error safetensors wraps gives the
+    system's own reason for its errno (in either of safetensors' wordings).
 
     >>> str(write_error("out", OSError(28, "No space left on device", "out/.x")))
     'cannot write out: No space left on device'
+    >>> str(write_error("out", RuntimeError("I/O error: No space left on device (os error 28)")))
+    'cannot write out: No space left on device'
     """
-    reason = (e.strerror if isinstance(e, OSError) and e.strerror else str(e)) or type(e).__name__
-    wrapped = re.search(r'message: "([^"]+)"', reason)
-    reason = " ".join((wrapped.group(1) if wrapped else reason).split())
-    return SymspecInputError(f"cannot write {path}: {reason}")
+    code = error_number(e)
+    if isinstance(e, OSError) and e.strerror:
+        reason = e.strerror
+    elif code is not None:
+        reason = os.strerror(code)
+    else:
+        reason = str(e) or type(e).__name__
+    return SymspecInputError(f"cannot write {path}: {' '.join(reason.split())}")
 
 
 class _Terminated(SystemExit):

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import errno
-import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import SymspecInputError
-from ..outputs import write_error
+from ..outputs import error_number, write_error
 
 
 class UniverseError(SymspecInputError):
@@ -29,23 +27,13 @@ class WorkWriteError(UniverseError):
         self.code = code
 
 
-#: safetensors reports an OS error as ``... I/O error: REASON (os error N)`` or
-#: ``IoError(Os { code: N, ... })``: the number is the system's errno
-_OS_ERROR = re.compile(r"os error (\d+)|code: (\d+)")
-
-
 def work_write_error(path: str | Path, e: BaseException) -> WorkWriteError:
     """``e`` (an ``OSError``, or safetensors' error wrapping one) as one line naming ``path``.
 
     >>> str(work_write_error("w/a", OSError(errno.ENOSPC, "No space left on device")))
     'cannot write w/a: No space left on device'
     """
-    code = e.errno if isinstance(e, OSError) else None
-    found = _OS_ERROR.search(str(e)) if code is None else None
-    if found:
-        code = int(found.group(1) or found.group(2))
-        e = OSError(code, os.strerror(code))
-    return WorkWriteError(str(write_error(path, e)), code)
+    return WorkWriteError(str(write_error(path, e)), error_number(e))
 
 
 def resume_hint(e: WorkWriteError, work: Path, kept: bool) -> str:
