@@ -186,6 +186,12 @@ def test_unreadable_text_files(tmp_path: Path) -> None:
         load_data(f"text:{tmp_path / 'bin.txt'}", model=gpt(10))
     with pytest.raises(DataError, match="no such text file"):
         load_data(f"text:{tmp_path / 'missing.txt'}", model=gpt(10))
+    # what exists but is no file is named as what it is (it once read "no such text file")
+    with pytest.raises(DataError, match=r"dev/zero: is a character device, not a text file"):
+        load_data("text:/dev/zero", model=gpt(10))
+    (tmp_path / "folder.txt").mkdir()
+    with pytest.raises(DataError, match="is a folder, not a text file"):
+        load_data(f"text:{tmp_path / 'folder.txt'}", model=gpt(10))
 
 
 def test_text_without_a_known_context_needs_the_option(tmp_path: Path) -> None:

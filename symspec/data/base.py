@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from symspec.errors import SymspecInputError, suggest
+from symspec.io_util import refuse_special_file
 
 SPLITS = ("train", "val", "test")
 DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
@@ -320,8 +321,9 @@ def config_int(model: torch.nn.Module | None, *names: str) -> int | None:
 
 
 def read_text(path: Path, what: str = "text file") -> str:
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"{path}: no such {what}")
+    refuse_special_file(path, what, DataError)  # a folder, a device or a FIFO: said as such
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
