@@ -50,17 +50,20 @@ def _parse_rtol(values: tuple[str, ...]) -> dict[str, float]:
 @click.option("--rtol", "rtols", multiple=True, metavar="DTYPE=TOL", help="Override a tolerance, e.g. --rtol float32=1e-3.")
 @click.option("--model", "factory", metavar="MODEL.py", help="For a state-dict checkpoint: the model file whose build() makes its module.")
 @click.option("--batch", default=2, show_default=True, type=click.IntRange(1, MAX_BATCH), help="Batch size of the random inputs.")
+@click.option("--whole", is_flag=True, help="Check on whole-model copies in float64 and float32 instead of block by block (several times the model's memory).")
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]), help="Where the block-by-block check runs.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report instead of a table.")
 @handle_errors
 def check_cmd(model_file: str, spec_arg: str | None, samples: int, seed: int, dtypes: str, spaces: tuple[str, ...],
-              rtols: tuple[str, ...], factory: str | None, batch: int, as_json: bool) -> None:
+              rtols: tuple[str, ...], factory: str | None, batch: int, whole: bool, device: str, as_json: bool) -> None:
     """Verify that the symmetries a spec declares preserve MODEL's function.
 
     MODEL is a Python file defining build() (or a `model` object) and
     example_inputs(model, batch, seed); or a Hugging Face model folder; or a
     state-dict checkpoint (.pt, .safetensors) with --model. For each declared space, random group
     elements are applied to the canonicalised weights and the outputs compared in
-    float64 and float32. Exit 0 when every row passes, 1 when any fails, 2 for bad
+    float64 and float32, on the blocks (layers) the space acts on, one block at a time
+    (--whole: on whole-model copies). Exit 0 when every row passes, 1 when any fails, 2 for bad
     input.
     """
     import shlex
@@ -82,12 +85,20 @@ def check_cmd(model_file: str, spec_arg: str | None, samples: int, seed: int, dt
     rtol = {**file_rtol, **rtol}
     console = stderr_console()
     explicit = click.get_current_context().get_parameter_source("dtypes") != click.core.ParameterSource.DEFAULT
+    if device == "cuda" and whole:
+        raise click.BadParameter("--whole runs on the CPU; drop --whole to check on the GPU", param_hint="--device")
+    if device == "cuda":
+        import torch  # deferred: `symspec --help` must not import torch
+
+        if not torch.cuda.is_available():
+            raise click.BadParameter("no CUDA device is available; use --device cpu", param_hint="--device")
+    where = dict(whole=whole, device=device)
 
     def run(progress=None):  # type: ignore[no-untyped-def]
         nonlocal dts
         try:
             return check(loaded.model, spec, inputs, samples=samples, seed=seed, dtypes=dts, spaces=spaces or None,
-                         rtol=rtol, progress=progress, source=str(loaded.source))
+                         rtol=rtol, progress=progress, source=str(loaded.source), **where)
         except SymspecInputError as e:
             # a float32-only kernel (a mixture of experts' grouped matmul): unless the user
             # asked for float64, check what can be checked and say so
@@ -96,7 +107,7 @@ def check_cmd(model_file: str, spec_arg: str | None, samples: int, seed: int, dt
             dts = ["float32"]
             console.print(f"note: {str(e).split('; a model that')[0]}; checking in float32 only")
             return check(loaded.model, spec, inputs, samples=samples, seed=seed, dtypes=dts, spaces=spaces or None,
-                         rtol=rtol, progress=progress, source=str(loaded.source))
+                         rtol=rtol, progress=progress, source=str(loaded.source), **where)
 
     with progress_messages("check") as say:  # a bar on a terminal, a line every few seconds in a log
         report = run(say)

@@ -22,6 +22,7 @@ from ..transforms import sample_elements
 from .canonical import locate_canonical_failure
 from .forward import DTYPES, compare
 from .inplace import InPlace, Models, Walk, shares_chain
+from .local import LocalModels
 from .report import DEFAULT_RTOL, CheckReport, CheckRow
 
 
@@ -29,7 +30,7 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
           dtypes: Sequence[str] = ("float64", "float32"), spaces: Sequence[str] | None = None,
           rtol: Mapping[str, float] | None = None, cond: float = 10.0,
           progress: Callable[[str], None] | None = None, exact64: bool = True, trace: bool = False,
-          source: str | None = None) -> CheckReport:
+          source: str | None = None, whole: bool = False, device: str = "cpu") -> CheckReport:
     """Check that every declared symmetry of ``spec`` preserves ``model``'s function.
 
     ``inputs``: the positional inputs of ``model.forward`` (a tensor, a tuple) or a
@@ -43,6 +44,12 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
     ``trace``: also trace the model (:func:`symspec.graph.trace`) and say in a note how
     (or why not: the check itself needs no graph). A ``BoundSpec`` bound with
     ``trace=True`` gets the same note.
+
+    ``whole``: check on whole-model copies in float64 and float32 (the model's size
+    twice over, more for float32) instead of locally: by default each space is checked
+    on the blocks it acts on, one block at a time in the checked precision, without
+    copying the model (:mod:`symspec.checker.local`). Both report the same rows.
+    ``device``: where the local check runs (``cpu``, ``cuda``).
 
     ``progress(message)`` is called as each step starts; a message that can count is a
     :class:`~symspec.progress.Step` with ``done`` of ``total`` samples.
@@ -69,6 +76,10 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
     # NaN or inf weights make every comparison meaningless (a table of failed rows):
     # bad input, not a failed check
     check_finite(model.state_dict(), source or type(model).__name__)
+    if not whole:
+        local = LocalModels(model, bound, inputs, dtypes, exact64, device)
+        opts = dict(samples=samples, seed=seed, cond=cond)
+        return _check_local(local, model, bound, inputs, report, declared, tol, say, source, opts)
     say("copying the model")
     models = Models(model, inputs, dtypes, exact64)
     ref = _reference_outputs(models, dtypes, f"{source}: " if source else "")
@@ -84,6 +95,30 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
         report.rows.extend(rows)
     del ref
     run = SpaceRun(bound.problem, models, dtypes, tol, canon_out, say, samples=samples, seed=seed, cond=cond)
+    report.rows.extend(run.rows(declared))
+    return report
+
+
+def _check_local(local: LocalModels, model: torch.nn.Module, bound: BoundSpec, inputs: Any, report: CheckReport,
+                 declared: Sequence[str], tol: dict[str, float], say: Callable[[str], None], source: str | None,
+                 opts: dict[str, Any]) -> CheckReport:
+    """check() on the blocks each space acts on (see :mod:`~symspec.checker.local`)."""
+    dtypes = local.dtypes
+    say("running the model block by block")
+    ref = _reference_outputs(local, dtypes, f"{source}: " if source else "")  # type: ignore[arg-type]
+    casts = local.keep.summary() if local.keep.count else ""
+    say("canonicalising block by block")
+    canon_out = local.record()
+    if casts:
+        report.notes.append(_casts_note(casts, local.exact64, tol))
+    if bound.canonical:
+        rows, notes = _canonical_rows(model, bound, inputs, ref, canon_out, tol, local.exact64, say)
+        report.notes.extend(notes)
+        report.rows.extend(rows)
+    del ref
+    if local.streamed.blocks[0][1] is model:
+        report.notes.append("local check: no stack of layers found, so each space was checked on the whole model")
+    run = LocalRun(bound.problem, local, dtypes, tol, say, **opts)
     report.rows.extend(run.rows(declared))
     return report
 
@@ -261,3 +296,40 @@ def _graph_note(bound: BoundSpec) -> str:
         return f"graph: not traced ({g.reason}); bound by parameter names only, graph features (activation sites) are off"
     n = sum(len(v) for v in g.sites.values())
     return f"graph: traced with {g.method}; {n} activation site(s) in {len(g.sites)} space(s)"
+
+
+class LocalRun(SpaceRun):
+    """:class:`SpaceRun`'s rows, each sample measured on the blocks it acts on."""
+
+    def __init__(self, problem: Problem, local: LocalModels, dtypes: Sequence[str], tol: Mapping[str, float],
+                 say: Callable[[str], None], *, samples: int, seed: int, cond: float) -> None:
+        self.problem = problem
+        self.local = local
+        self.dtypes = dtypes
+        self.tol = tol
+        self.say = say
+        self.samples, self.seed, self.cond = samples, seed, cond
+        self.worst: dict[str, dict[str, tuple[float, float]]] = {}
+
+    def measure(self, label: str, elements: Mapping[str, Element]) -> None:
+        for dt in self.dtypes:
+            a, r = self.local.deviation(dt, elements)
+            w = self.worst.setdefault(label, {}).get(dt)
+            if w is None or r > w[1] or not math.isfinite(r):
+                self.worst[label][dt] = (a, r)
+
+    def sample_all(self, declared: Sequence[str], insts: Mapping[str, list[str]], want_all: bool) -> Walk | None:
+        """Every space's samples, then all spaces' together: the elements the whole check draws."""
+        all_insts = [i for d in declared for i in insts[d]]
+        drawn = [self.sample(all_insts, self.seed * 1000 + k) for k in range(self.samples)]
+        total = self.samples * (len(declared) + want_all)
+        steps = itertools.count()
+        for d in declared:
+            for k, elems in enumerate(drawn):
+                self.say(Step(f"sample {k + 1}/{self.samples}: {d}", next(steps), total))
+                self.measure(d, {i: elems[i] for i in insts[d]})
+        if want_all:
+            for k, elems in enumerate(drawn):
+                self.say(Step(f"sample {k + 1}/{self.samples}: all spaces together", next(steps), total))
+                self.measure("all", elems if len(declared) > 1 else self.sample(all_insts, self.seed * 1000 + 500 + k))
+        return None

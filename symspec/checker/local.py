@@ -1,0 +1,163 @@
+"""The local check: each space verified on the blocks it acts on, one block at a time.
+
+The model is never copied. A recorded pass per checked precision runs the canonical
+model block by block (:class:`~symspec.checker.blocks.Streamed`: each block's weights
+upcast, canonicalised and dropped after its call) and keeps every block call's output.
+A space's sample then replays the calls before the first block it acts on, runs the
+blocks from the first to the last one it acts on with the transformed weights, and
+compares the last one's output with the recorded one (or the model's output, when
+something downstream reads the range's inner outputs or the space acts on weights
+outside the blocks). A space inside one layer recomputes that layer; the residual
+stream still runs every block, one at a time. Peak memory: the model in its own dtype,
+one block (with whatever a canonicalisation step reads beside it) in float64, and the
+activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..binding import BoundSpec
+from ..canonical import CanonOp
+from ..groups import Element
+from ..precision import KeepFloat64
+from ..problem import Problem
+from ..transforms import transform_tensor
+from .blocks import Recording, Streamed
+from .forward import DTYPES, compare, flatten_outputs
+
+#: canonical values kept between passes when at most this many entries (norm gains, biases)
+_CACHE_NUMEL = 1 << 16
+
+
+def _names_in(args: Any) -> list[str]:
+    """Every string in a step's arguments (the parameter names it reads and writes)."""
+    if isinstance(args, str):
+        return [args]
+    if isinstance(args, Mapping):
+        return [n for v in args.values() for n in _names_in(v)]
+    if isinstance(args, (list, tuple)):
+        return [n for v in args for n in _names_in(v)]
+    return []
+
+
+class Weights:
+    """Canonical and transformed values of named tensors, computed on demand in float64
+    from the model's own tensors (any dtype); nothing holds a float64 copy of the model."""
+
+    def __init__(self, bound: BoundSpec, original: Mapping[str, torch.Tensor]) -> None:
+        self.problem: Problem = bound.problem
+        self.original = original
+        self.ops: list[CanonOp] = [op for op in bound.canonical if op.impl.rewrites_values]
+        self.touch = [set(_names_in(dict(op.args))) & set(original) for op in self.ops]
+        self.twins: dict[str, tuple[str, ...]] = {n: g for g in self.problem.ties for n in g}
+        self.cache: dict[str, torch.Tensor] = {}
+        order = {n: i for i, n in enumerate(self.problem.params)}
+        self.order = order
+
+    def group(self, name: str) -> tuple[str, ...]:
+        return self.twins.get(name, (name,))
+
+    def canonical(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """float64 canonical values of ``names``: only the steps that reach them, on only
+        the tensors those steps read."""
+        want = [n for n in names if n in self.original and n not in self.cache]
+        need = {t for n in want for t in self.group(n)}
+        chosen = []
+        for i in reversed(range(len(self.ops))):
+            if self.touch[i] & need:
+                need |= {t for n in self.touch[i] for t in self.group(n)}
+                chosen.append(i)
+        sd: dict[str, torch.Tensor] = {}
+        for n in need:
+            first = self.group(n)[0] if self.group(n)[0] in sd else n
+            sd[n] = sd[first] if first in sd else self.original[n].detach().to(torch.float64)
+        for i in reversed(chosen):
+            before = {n: sd[n] for n in self.touch[i]}
+            self.ops[i].impl.apply(self.ops[i], sd)
+            for n in self.touch[i]:
+                if sd[n] is not before[n]:
+                    for t in self.group(n):
+                        sd[t] = sd[n]
+        out = {n: sd[n] for n in want}
+        for n, v in out.items():
+            if v.numel() <= _CACHE_NUMEL:
+                self.cache[n] = v
+        out.update({n: self.cache[n] for n in names if n in self.cache})
+        return out
+
+    def acting(self, name: str, spaces: set[str]) -> str | None:
+        """The bound name (``name`` or a tied twin) whose binding moves ``name`` under ``spaces``."""
+        found = [t for t in self.group(name) if t in self.problem.params and self.problem.params[t].spaces() & spaces]
+        return min(found, key=self.order.__getitem__) if found else None
+
+    def affected(self, spaces: set[str]) -> list[str]:
+        return [n for n in self.original if self.acting(n, spaces) is not None]
+
+    def transformed(self, names: Sequence[str], elements: Mapping[str, Element]) -> dict[str, torch.Tensor]:
+        """Canonical values of ``names`` with ``elements`` applied (tied twins once)."""
+        vals = self.canonical(names)
+        spaces = set(elements)
+        done: dict[str, torch.Tensor] = {}
+        for n in list(vals):
+            rep = self.acting(n, spaces)
+            if rep is None:
+                continue
+            if rep not in done:
+                done[rep] = transform_tensor(self.problem, self.problem.params[rep], vals[n], elements)
+            vals[n] = done[rep]
+        return vals
+
+
+class LocalModels:
+    """The streamed model, its weights and the recorded canonical passes, per dtype."""
+
+    def __init__(self, model: torch.nn.Module, bound: BoundSpec, inputs: Any, dtypes: Sequence[str], exact64: bool,
+                 device: str = "cpu") -> None:
+        self.streamed = Streamed(model, device)
+        original = {e.name: e.get() for es in self.streamed.entries for e in es}
+        original.update({e.name: e.get() for e in self.streamed.rest})
+        self.weights = Weights(bound, original)
+        self.inputs = inputs
+        self.dtypes = dtypes
+        self.keep = KeepFloat64(rewrite=exact64)
+        self.exact64 = exact64
+        self.recs: dict[str, Recording] = {}
+        self.block_of = self.streamed.block_of()
+
+    def mode(self, dt: str) -> Any:
+        return KeepFloat64(rewrite=self.exact64) if dt == "float64" else None
+
+    def run(self, dt: str) -> list[torch.Tensor]:
+        """The model's own outputs (not canonicalised), streamed; counts float64 casts."""
+        mode = self.keep if dt == "float64" else None
+        return [t.detach() for t in flatten_outputs(self.streamed.run(DTYPES[dt], self.inputs, lambda ns: {}, mode))]
+
+    def record(self) -> dict[str, list[torch.Tensor]]:
+        """The canonical model's pass per dtype, recorded; its outputs."""
+        for dt in self.dtypes:
+            self.recs[dt] = self.streamed.record(DTYPES[dt], self.inputs, self.weights.canonical, self.mode(dt))
+        return {dt: [t.detach() for t in flatten_outputs(r.final)] for dt, r in self.recs.items()}
+
+    def span(self, names: Sequence[str], rec: Recording) -> tuple[int, int] | None:
+        """The calls from the first to the last that read ``names`` (None: the whole pass)."""
+        if any(n not in self.block_of or n in self.streamed.glue for n in names) or not rec.calls:
+            return None
+        blocks = {self.block_of[n] for n in names}
+        calls = [i for i, k in enumerate(rec.calls) if k in blocks]
+        return (calls[0], calls[-1]) if calls else None
+
+    def deviation(self, dt: str, elements: Mapping[str, Element]) -> tuple[float, float]:
+        """(max abs, max rel) deviation of the transformed model from the canonical one."""
+        names = self.weights.affected(set(elements))
+        rec = self.recs[dt]
+        if not names:
+            return 0.0, 0.0
+        span = self.span(names, rec)
+        out = self.streamed.run(DTYPES[dt], self.inputs, lambda ns: self.weights.transformed(ns, elements),
+                                self.mode(dt), replay=rec if span else None, span=span)
+        ref = rec.outputs[span[1]] if span is not None and rec.can_stop(*span) else rec.final
+        return compare(flatten_outputs(ref), flatten_outputs(out))

@@ -1,0 +1,171 @@
+"""The local check (the default: each space on the blocks it acts on, one block at a time)
+agrees with the whole-model check (``whole=True``) on every built-in spec, catches the
+same wrong groups and canonicalisations, and leaves the model as it was."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import symspec
+from symspec.binding import bind
+from symspec.checker import check
+from symspec.checker.blocks import find_blocks
+from symspec.checker.local import LocalModels
+from symspec.spec import loads_spec
+from tests.cli_files import run
+from tests.zoo import ZOO, variant
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _agree(model: torch.nn.Module, spec: object, inputs: object, **kw: object) -> symspec.checker.CheckReport:
+    """The local report, after asserting it has the whole check's rows and verdicts."""
+    local = check(model, spec, inputs, samples=1, **kw)  # type: ignore[arg-type]
+    whole = check(model, spec, inputs, samples=1, whole=True, **kw)  # type: ignore[arg-type]
+    assert [(r.space, r.dtype) for r in local.rows] == [(r.space, r.dtype) for r in whole.rows]
+    for a, b in zip(local.rows, whole.rows):
+        assert (a.passed, a.failing, a.group) == (b.passed, b.failing, b.group), (a, b)
+        if a.passed:  # both at rounding level; a failing row's size depends on where it is compared
+            assert abs(a.max_rel - b.max_rel) <= a.rtol
+    return local
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_local_check_agrees_with_the_whole_check_on_every_builtin_spec(name: str) -> None:
+    model, inputs = ZOO[name]()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    report = _agree(model, symspec.load_spec(name), inputs)
+    assert report.passed, report.render()
+    # the model is left as it was: values, tensors, mode
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert model.training
+
+
+def test_a_layer_space_recomputes_one_block_and_the_residual_stream_every_block() -> None:
+    model, inputs = ZOO["qwen2"](n_layer=3)
+    assert [p for p, _ in find_blocks(model)] == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.layers.2",
+                                                  "model.norm", "model.rotary_emb", "lm_head"]
+    bound = bind(symspec.load_spec("qwen2"), model, example_inputs=inputs)
+    local = LocalModels(model, bound, inputs, ["float64"], exact64=True)
+    local.record()
+    rec = local.recs["float64"]
+    attn1 = local.span(local.weights.affected({"attn[1]"}), rec)
+    assert attn1 is not None and attn1[0] == attn1[1] and rec.can_stop(*attn1)
+    assert local.streamed.blocks[rec.calls[attn1[0]]][0] == "model.layers.1"
+    resid = local.span(local.weights.affected({"resid"}), rec)
+    assert resid == (0, len(rec.calls) - 1)
+    # a negative control: with something downstream reading layer 0's output, the range cannot stop early
+    rec.final_needs = frozenset({0})
+    assert not rec.can_stop(0, 1)
+
+
+def test_a_bfloat16_model_is_checked_block_by_block_in_float64() -> None:
+    model, inputs = ZOO["qwen2"]()
+    model = model.to(torch.bfloat16)
+    report = _agree(model, symspec.load_spec("qwen2"), inputs)
+    assert report.passed, report.render()
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+
+
+# -- wrong groups and canonicalisations are caught locally, as by the whole check ---------------
+
+def test_a_wrong_permutation_group_is_caught_and_named() -> None:
+    model, inputs = ZOO["nanogpt"]()
+    report = _agree(model, variant("nanogpt", ("group: S(f)", "group: O(f)")), inputs)
+    failed = {r.space for r in report.failed_rows()}
+    assert failed == {"ff[*]", "all"}
+    assert next(r for r in report.failed_rows() if r.space == "ff[*]").failing == ("ff[0]", "ff[1]")
+
+
+def test_a_wrong_rope_group_is_caught() -> None:
+    model, inputs = ZOO["qwen2"]()
+    spec = variant("qwen2", ("qk=RoPE(dh)", "qk=GL(dh)"))
+    report = _agree(model, spec, inputs)
+    assert {r.space for r in report.failed_rows()} == {"attn[*]", "all"}
+
+
+def test_a_wrong_residual_group_and_a_missing_dual_pairing_are_caught() -> None:
+    model, inputs = ZOO["vit"]()
+    full_o = variant("vit", ("resid: OC(d)", "resid: O(d)"))
+    assert "resid" in {r.space for r in _agree(model, full_o, inputs).failed_rows()}
+    no_dual = variant("vit", ('blocks.{i}.attn.k.weight: ["attn[i].qk*", resid*]', 'blocks.{i}.attn.k.weight: ["attn[i].qk", resid*]'),
+                      ('blocks.{i}.attn.k.bias: ["attn[i].qk*"]', 'blocks.{i}.attn.k.bias: ["attn[i].qk"]'))
+    assert {r.space for r in _agree(model, no_dual, inputs).failed_rows()} == {"attn[*]", "all"}
+
+
+def test_a_wrong_canonicalisation_is_caught() -> None:
+    model, inputs = ZOO["nanogpt"]()
+    spec = variant("nanogpt", ('{weight: "transformer.h.{i}.mlp.c_fc.weight", axis: 1, bias: "transformer.h.{i}.mlp.c_fc.bias"}',
+                               '{weight: "transformer.h.{i}.attn.c_attn.weight", axis: 1, bias: "transformer.h.{i}.attn.c_attn.bias"}'))
+    report = _agree(model, spec, inputs)
+    assert "canonicalize" in {r.space for r in report.failed_rows()}
+
+
+# -- a head that reads the embedding between blocks ----------------------------------------------
+
+class _TiedByHand(torch.nn.Module):
+    """Embedding, a stack of ReLU MLP layers, and a head written as ``x @ emb.weight.T``
+    in the model's own forward (not a block): the embedding is read between blocks."""
+
+    def __init__(self, vocab: int = 11, d: int = 6, f: int = 8, n: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.layers = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(d, f), torch.nn.ReLU(), torch.nn.Linear(f, d))
+                                          for _ in range(n))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)
+        for layer in self.layers:
+            x = x + layer(x)
+        return x @ self.emb.weight.T
+
+
+_TIED_SPEC = """
+symspec: 1
+name: tied-by-hand
+dims:
+  d: shape("emb.weight", 1)
+  f: shape("layers.0.0.weight", 0)
+spaces:
+  resid: O(d)
+  ff[i]: {group}
+params:
+  emb.weight: [_, resid]
+  layers.{{i}}.0.weight: ["ff[i]", resid*]
+  layers.{{i}}.0.bias: ["ff[i]"]
+  layers.{{i}}.2.weight: [resid, "ff[i]*"]
+  layers.{{i}}.2.bias: [resid]
+"""
+
+
+def test_a_weight_read_between_blocks_is_held_for_the_pass() -> None:
+    model, tokens = _TiedByHand(), torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    good = loads_spec(_TIED_SPEC.format(group="S(f)"), "tied.yaml")
+    assert _agree(model, good, tokens).passed
+    bound = bind(good, model)
+    local = LocalModels(model, bound, tokens, ["float64"], exact64=True)
+    local.record()
+    assert local.streamed.glue == {"emb.weight"}
+    # negative case: ReLU does not commute with a rotation of its units
+    wrong = loads_spec(_TIED_SPEC.format(group="O(f)"), "tied.yaml")
+    assert {r.space for r in _agree(model, wrong, tokens).failed_rows()} == {"ff[*]", "all"}
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+def test_check_cli_whole_and_local_agree_and_cuda_needs_a_gpu() -> None:
+    gpt = str(ROOT / "examples" / "nanogpt.py")
+    code, out, _ = run("check", gpt, "--samples", "1", "--json")
+    code_w, out_w, _ = run("check", gpt, "--samples", "1", "--json", "--whole")
+    assert code == code_w == 0
+    assert [r["space"] for r in json.loads(out)["rows"]] == [r["space"] for r in json.loads(out_w)["rows"]]
+    if not torch.cuda.is_available():
+        code, _, err = run("check", gpt, "--device", "cuda")
+        assert code == 2 and err.startswith("error: ") and "--device" in err and len(err.strip().splitlines()) == 1
