@@ -25,6 +25,7 @@ globally; leaving the ``with`` block restores the model's normal behaviour.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 from typing import Any
@@ -118,3 +119,68 @@ def _keep_to(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, 
             rest[i] = torch.float64
             kept = True
     return (args[0], *rest), kwargs, kept
+
+
+# ---------------------------------------------------------------- float32 matmuls in float32
+
+
+def tf32_setting() -> tuple[str, str] | None:
+    """How float32 matmuls are allowed to run faster than IEEE float32 on the GPU, as
+    ``(api, value)``: ``("legacy", "high"|"medium")`` (``torch.set_float32_matmul_precision``,
+    or ``torch.backends.cuda.matmul.allow_tf32 = True``), ``("new", "tf32")`` (torch's
+    per-backend ``torch.backends.cuda.matmul.fp32_precision``); None for IEEE float32.
+    Torch refuses to read one API's setting once the other set it, hence the two."""
+    try:
+        legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:  # set through the per-backend API: the legacy reading refuses
+        legacy = None
+    if legacy is not None:
+        return None if legacy == "highest" else ("legacy", legacy)
+    new = getattr(torch.backends.cuda.matmul, "fp32_precision", "ieee")
+    return ("new", new) if new == "tf32" else None
+
+
+class IEEEFloat32(contextlib.ContextDecorator):
+    """Within the block (or the decorated function), float32 matmuls on the GPU run in
+    IEEE float32, not TF32 (10-bit mantissa inputs, ~1e-3 relative per product), whatever
+    the caller set; the setting is restored after. A CPU ignores both settings.
+
+    The solvers' planted recovery is exact to float32's precision on the CPU (about 3e-6
+    on a planted Mixtral); with TF32 products the same descent stops 100x further off
+    (an emulation on the CPU: ``tests/test_gpu_precision.py``). Torch's default is IEEE,
+    but TF32 is one line away (``torch.set_float32_matmul_precision("high")``, which
+    training scripts and torch's own warning on recent GPUs recommend). Nothing is set
+    where nothing needs to be, so the caller's choice of torch API is left alone.
+
+    >>> torch.set_float32_matmul_precision("high")
+    >>> with IEEEFloat32():
+    ...     torch.get_float32_matmul_precision()
+    'highest'
+    >>> torch.get_float32_matmul_precision()
+    'high'
+    >>> torch.set_float32_matmul_precision("highest")
+    """
+
+    _before: tuple[str, str] | None = None
+
+    def _recreate_cm(self) -> IEEEFloat32:
+        return type(self)()  # a decorated function's calls may nest: each keeps its own setting
+
+    def __enter__(self) -> IEEEFloat32:
+        self._before = tf32_setting()
+        if self._before is not None:
+            _set_tf32(self._before[0], None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._before is not None:
+            _set_tf32(*self._before)
+
+
+def _set_tf32(api: str, value: str | None) -> None:
+    """Set float32 matmul precision through ``api`` (the one the caller used: mixing the
+    two makes torch refuse matmuls on CUDA); ``value`` None: IEEE float32."""
+    if api == "legacy":
+        torch.set_float32_matmul_precision(value or "highest")
+    else:
+        torch.backends.cuda.matmul.fp32_precision = value or "ieee"

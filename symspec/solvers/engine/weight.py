@@ -20,6 +20,7 @@ import torch
 
 from ...errors import SymspecInputError
 from ...groups import Element
+from ...precision import IEEEFloat32
 from ...problem import Problem
 from ...statedict import widen, working_dtype
 from .base import SolveContext, Timer
@@ -69,6 +70,7 @@ class WeightMatchingResult:
     aligned: dict[str, torch.Tensor] | None = None
 
 
+@IEEEFloat32()  # TF32 products would stop the descent ~100x short of the planted element
 def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor], *,
                   rounds: int = 10, tol: float = 1e-6, device: str | torch.device = "cpu",
                   dtype: torch.dtype | None = None, init: Mapping[str, Element] | None = None,
