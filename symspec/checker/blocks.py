@@ -21,6 +21,8 @@ A parameter that the code between blocks reads (a tied head written as
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -172,6 +174,7 @@ class Streamed:
         #: the placeholders of this pass (by id), kept alive so that no id is reused
         self.placeholders: dict[int, str] = {}
         self._kept: list[torch.Tensor] = []
+        self._tls = threading.local()
 
     def block_of(self) -> dict[str, int]:
         """Parameter name -> block index (names outside every block are absent)."""
@@ -181,77 +184,126 @@ class Streamed:
             replay: Recording | None = None, span: tuple[int, int] | None = None, follow: _Follow | None = None) -> Any:
         """One pass; returns the model's output, or call ``span[1]``'s output when ``replay``
         allows stopping there. Calls before ``span[0]`` return ``replay``'s outputs."""
+        return self.run_lanes(inputs, [Lane(dtype, values, mode, replay, span, follow)])[0]
+
+    def run_lanes(self, inputs: Any, lanes: Sequence[Lane]) -> list[Any]:
+        """Several passes in lockstep, one thread each, one running at a time: every lane
+        runs block call ``n`` before any runs call ``n + 1`` (so what the lanes' values
+        share for a call, :meth:`shared`, is computed once and dropped after it)."""
+        if len(lanes) > 1 and (self.rest or self.glue or self.blocks[0][1] is self.model):
+            return [self.run_lanes(inputs, [lane]) [0] for lane in lanes]  # what the glue holds is per pass
         state = [(m, m.training) for m in self.model.modules()]
         self.placeholders.clear()
         self._kept.clear()
-        original = {id(e): e.get() for es in self.entries for e in es}
-        original.update({id(e): e.get() for e in self.rest})
-        self._original = original
-        held = [e for es in self.entries for e in es if e.name in self.glue] + self.rest
-        calls: list[int] = []
-        stop = replay is not None and span is not None and replay.can_stop(*span)
-        box: dict[str, Any] = {}
-
-        def wrap(k: int, block: torch.nn.Module) -> Callable[..., Any]:
-            def forward(*args: Any, **kwargs: Any) -> Any:
-                n = len(calls)
-                calls.append(k)
-                if replay is not None and span is not None and n < span[0]:
-                    return _clone(replay.outputs[n])
-                if follow is not None:
-                    need, follow.depth = follow.of((args, kwargs)), follow.depth + 1
-                mine = [e for e in self.entries[k] if e.name not in self.glue]
-                try:
-                    for e, v in zip(mine, self._values(values, mine, dtype)):
-                        e.put(v)
-                    out = type(block).forward(block, *args, **kwargs)
-                finally:
-                    for e in mine:
-                        e.put(self._placeholder(e, original[id(e)], dtype))
-                    if follow is not None:
-                        follow.depth -= 1
-                if follow is not None:
-                    box.setdefault("needs", []).append(need)
-                    box.setdefault("outputs", []).append(out)
-                    follow.mark(out, frozenset({n}))
-                if stop and span is not None and n == span[1]:
-                    box["stopped"] = out
-                    raise _Stop
-                return out
-            return forward
-
+        self._original = {id(e): e.get() for es in [*self.entries, self.rest] for e in es}
+        self._memo: dict[int, Any] = {}
+        self._ph: dict[torch.dtype, list[torch.Tensor]] = {}
+        self._ph_dtype: torch.dtype | None = None
+        self._baton = _Baton(len(lanes))
         try:
             self.model.eval()
-            for e, v in zip(held, self._values(values, held, dtype)):
-                e.put(v)
             for k, (_, block) in enumerate(self.blocks):
-                for e in self.entries[k]:
-                    if e.name not in self.glue:
-                        e.put(self._placeholder(e, original[id(e)], dtype))
                 if block is not self.model:
-                    block.forward = wrap(k, block)  # type: ignore[method-assign]
-            if self.blocks[0][1] is self.model:
-                out = self._whole(dtype, inputs, values, mode)
-                self.last = {"calls": [], "final": out}
-                return out
-            modes = [m for m in (mode, follow) if m is not None]
-            try:
-                out = call_forward(self.model, cast_inputs(_to(inputs, self.device), dtype), _Stack(modes))
-            except _Stop:
-                return box["stopped"]
-            if follow is not None:
-                box["calls"], box["final"] = calls, out
-                self.last = box
-            return out
+                    block.forward = self._wrap(k, block)  # type: ignore[method-assign]
+            if len(lanes) == 1:
+                self._lane_pass(0, lanes[0], inputs)
+            else:
+                threads = [threading.Thread(target=self._lane_pass, args=(i, lane, inputs)) for i, lane in enumerate(lanes)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            for lane in lanes:
+                if lane.error is not None:
+                    raise lane.error
+            return [lane.out for lane in lanes]
         finally:
             for _, block in self.blocks:
                 block.__dict__.pop("forward", None)
             self._kept.clear()
+            self._memo.clear()
             for es in [*self.entries, self.rest]:
                 for e in es:
-                    e.put(original[id(e)])
+                    e.put(self._original[id(e)])
             for m, training in state:
                 m.training = training
+
+    def shared(self, compute: Callable[[], Any]) -> Any:
+        """What every lane's values for the current block call share, computed once."""
+        n = len(self._tls.lane.calls) - 1
+        if n not in self._memo:
+            self._memo.clear()
+            self._memo[n] = compute()
+        return self._memo[n]
+
+    def _lane_pass(self, i: int, lane: Lane, inputs: Any) -> None:
+        """One lane's forward pass (in its own thread when there are several)."""
+        self._tls.lane, self._tls.index = lane, i
+        try:
+            self._take(i, lane)
+            held = [e for es in self.entries for e in es if e.name in self.glue] + self.rest
+            for e, v in zip(held, self._values(lane.values, held, lane.dtype)):
+                e.put(v)
+            if self.blocks[0][1] is self.model:
+                lane.out = self._whole(lane.dtype, inputs, lane.values, lane.mode)
+                lane.final = lane.out
+                return
+            modes = [m for m in (lane.mode, lane.follow) if m is not None]
+            with contextlib.suppress(_Stop):
+                lane.out = lane.final = call_forward(self.model, cast_inputs(_to(inputs, self.device), lane.dtype), _Stack(modes))
+        except BaseException as e:  # handed to the caller's thread; the other lanes go on
+            lane.error = e
+        finally:
+            self._baton.leave(i)
+
+    def _take(self, i: int, lane: Lane) -> None:
+        """Wait for lane ``i``'s turn; the blocks not running hold placeholders of its dtype."""
+        self._baton.wait(i)
+        if self._ph_dtype != lane.dtype:
+            if lane.dtype not in self._ph:
+                self._ph[lane.dtype] = [self._placeholder(e, self._original[id(e)], lane.dtype)
+                                        for es in self.entries for e in es]
+            for e, p in zip((e for es in self.entries for e in es), self._ph[lane.dtype]):
+                if e.name not in self.glue:
+                    e.put(p)
+            self._ph_dtype = lane.dtype
+
+    def _wrap(self, k: int, block: torch.nn.Module) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return self._call(k, block, args, kwargs)
+        return forward
+
+    def _call(self, k: int, block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Block ``k`` called by the current lane: replayed, or run on the lane's values in its turn."""
+        lane, i = self._tls.lane, self._tls.index
+        n = len(lane.calls)
+        lane.calls.append(k)
+        if lane.replay is not None and lane.span is not None and n < lane.span[0]:
+            return _clone(lane.replay.outputs[n])
+        self._baton.pass_on(i)
+        self._take(i, lane)
+        follow = lane.follow
+        if follow is not None:
+            need, follow.depth = follow.of((args, kwargs)), follow.depth + 1
+        mine = [e for e in self.entries[k] if e.name not in self.glue]
+        saved = [e.get() for e in mine]
+        try:
+            for e, v in zip(mine, self._values(lane.values, mine, lane.dtype)):
+                e.put(v)
+            out = type(block).forward(block, *args, **kwargs)
+        finally:
+            for e, p in zip(mine, saved):
+                e.put(p)
+            if follow is not None:
+                follow.depth -= 1
+        if follow is not None:
+            lane.needs.append(need)
+            lane.outputs.append(out)
+            follow.mark(out, frozenset({n}))
+        if lane.stops() and lane.span is not None and n == lane.span[1]:
+            lane.out = out
+            raise _Stop
+        return out
 
     def _whole(self, dtype: torch.dtype, inputs: Any, values: Values, mode: Any) -> Any:
         """A model without a stack of layers: one block, the whole model."""
@@ -279,16 +331,63 @@ class Streamed:
 
     def record(self, dtype: torch.dtype, inputs: Any, values: Values, mode: Any = None) -> Recording:
         """One pass that keeps each block call's output and where its inputs came from. A
-        parameter read between blocks is added to :attr:`glue` and the pass repeated."""
+        parameter read outside its block's call is added to :attr:`glue` and the pass repeated."""
         while True:
             follow = _Follow(self.placeholders)
-            self.run(dtype, inputs, values, mode, follow=follow)
+            lane = Lane(dtype, values, mode, follow=follow)
+            self.run_lanes(inputs, [lane])
             if not follow.read - self.glue:
                 break
             self.glue |= follow.read
-        box = self.last
-        del self.last
-        return Recording(box["calls"], box.get("outputs", []), box.get("needs", []), box["final"], follow.of(box["final"]))
+        return Recording(lane.calls, lane.outputs, lane.needs, lane.final, follow.of(lane.final))
+
+
+@attrs.define(eq=False)
+class Lane:
+    """One pass of :meth:`Streamed.run_lanes`: its precision, values and range, and what it gave."""
+
+    dtype: torch.dtype
+    values: Values
+    mode: Any = None
+    replay: Recording | None = None
+    span: tuple[int, int] | None = None
+    follow: _Follow | None = None
+    calls: list[int] = attrs.field(factory=list)
+    outputs: list[Any] = attrs.field(factory=list)
+    needs: list[frozenset[int]] = attrs.field(factory=list)
+    out: Any = None
+    final: Any = None
+    error: BaseException | None = None
+
+    def stops(self) -> bool:
+        return self.replay is not None and self.span is not None and self.replay.can_stop(*self.span)
+
+
+class _Baton:
+    """Whose turn it is among the lanes: passed round, skipping the lanes that are done."""
+
+    def __init__(self, n: int) -> None:
+        self.cv = threading.Condition()
+        self.holder = 0
+        self.alive = [True] * n
+
+    def wait(self, i: int) -> None:
+        with self.cv:
+            self.cv.wait_for(lambda: self.holder == i)
+
+    def pass_on(self, i: int) -> None:
+        with self.cv:
+            n = len(self.alive)
+            self.holder = next((j for j in ((i + d) % n for d in range(1, n + 1)) if self.alive[j]), i)
+            self.cv.notify_all()
+
+    def leave(self, i: int) -> None:
+        with self.cv:
+            self.alive[i] = False
+            if self.holder == i:
+                n = len(self.alive)
+                self.holder = next((j for j in ((i + d) % n for d in range(1, n + 1)) if self.alive[j]), -1)
+            self.cv.notify_all()
 
 
 class _Stack:

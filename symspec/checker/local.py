@@ -26,7 +26,7 @@ from ..groups import Element
 from ..precision import KeepFloat64
 from ..problem import Problem
 from ..transforms import transform_tensor
-from .blocks import Recording, Streamed
+from .blocks import Lane, Recording, Streamed, Values
 from .forward import DTYPES, compare, flatten_outputs
 
 #: canonical values kept between passes when at most this many entries (norm gains, biases)
@@ -76,10 +76,10 @@ class Weights:
             first = self.group(n)[0] if self.group(n)[0] in sd else n
             sd[n] = sd[first] if first in sd else self.original[n].detach().to(torch.float64)
         for i in reversed(chosen):
-            before = {n: sd[n] for n in self.touch[i]}
+            before = {n: id(sd[n]) for n in self.touch[i]}  # ids: an old value is freed once replaced
             self.ops[i].impl.apply(self.ops[i], sd)
             for n in self.touch[i]:
-                if sd[n] is not before[n]:
+                if id(sd[n]) != before[n]:
                     for t in self.group(n):
                         sd[t] = sd[n]
         out = {n: sd[n] for n in want}
@@ -97,9 +97,10 @@ class Weights:
     def affected(self, spaces: set[str]) -> list[str]:
         return [n for n in self.original if self.acting(n, spaces) is not None]
 
-    def transformed(self, names: Sequence[str], elements: Mapping[str, Element]) -> dict[str, torch.Tensor]:
-        """Canonical values of ``names`` with ``elements`` applied (tied twins once)."""
-        vals = self.canonical(names)
+    def transformed(self, names: Sequence[str], elements: Mapping[str, Element],
+                    start: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Canonical values of ``names`` (or ``start``'s) with ``elements`` applied (tied twins once)."""
+        vals = dict(start) if start is not None else self.canonical(names)
         spaces = set(elements)
         done: dict[str, torch.Tensor] = {}
         for n in list(vals):
@@ -150,14 +151,35 @@ class LocalModels:
         calls = [i for i, k in enumerate(rec.calls) if k in blocks]
         return (calls[0], calls[-1]) if calls else None
 
-    def deviation(self, dt: str, elements: Mapping[str, Element]) -> tuple[float, float]:
-        """(max abs, max rel) deviation of the transformed model from the canonical one."""
-        names = self.weights.affected(set(elements))
-        rec = self.recs[dt]
-        if not names:
-            return 0.0, 0.0
-        span = self.span(names, rec)
-        out = self.streamed.run(DTYPES[dt], self.inputs, lambda ns: self.weights.transformed(ns, elements),
-                                self.mode(dt), replay=rec if span else None, span=span)
-        ref = rec.outputs[span[1]] if span is not None and rec.can_stop(*span) else rec.final
-        return compare(flatten_outputs(ref), flatten_outputs(out))
+    def deviations(self, lanes: Sequence[tuple[str, Mapping[str, Element]]],
+                   common: Mapping[str, Element]) -> list[tuple[float, float]]:
+        """(max abs, max rel) deviation of the transformed model from the canonical one, per
+        lane (a dtype and the elements to apply), all lanes in one lockstep pass; the
+        ``common`` elements (every lane's) are applied once per block for all lanes."""
+        out: list[tuple[float, float]] = [(0.0, 0.0)] * len(lanes)
+        todo, refs = [], []
+        for dt, elements in lanes:
+            names = self.weights.affected(set(elements))
+            rec = self.recs[dt]
+            if not names:
+                todo.append(None)
+                continue
+            span = self.span(names, rec)
+            extra = {k: v for k, v in elements.items() if k not in common}
+            todo.append(Lane(DTYPES[dt], self._values(names, extra, common), self.mode(dt), rec if span else None, span))
+            refs.append(rec.outputs[span[1]] if span is not None and rec.can_stop(*span) else rec.final)
+        running = [lane for lane in todo if lane is not None]
+        got = iter(zip(self.streamed.run_lanes(self.inputs, running), refs)) if running else iter(())
+        for k, lane in enumerate(todo):
+            if lane is not None:
+                result, ref = next(got)
+                out[k] = compare(flatten_outputs(ref), flatten_outputs(result))
+        return out
+
+    def _values(self, names: Sequence[str], extra: Mapping[str, Element], common: Mapping[str, Element]) -> Values:
+        weights, streamed = self.weights, self.streamed
+
+        def values(ns: Sequence[str]) -> Mapping[str, torch.Tensor]:
+            base = streamed.shared(lambda: weights.transformed(ns, common))
+            return weights.transformed(ns, extra, base) if extra else base
+        return values

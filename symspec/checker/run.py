@@ -312,24 +312,45 @@ class LocalRun(SpaceRun):
         self.worst: dict[str, dict[str, tuple[float, float]]] = {}
 
     def measure(self, label: str, elements: Mapping[str, Element]) -> None:
-        for dt in self.dtypes:
-            a, r = self.local.deviation(dt, elements)
-            w = self.worst.setdefault(label, {}).get(dt)
-            if w is None or r > w[1] or not math.isfinite(r):
-                self.worst[label][dt] = (a, r)
+        self.measure_lanes([(label, elements)], elements)
+
+    def measure_lanes(self, rows: Sequence[tuple[str, Mapping[str, Element]]], common: Mapping[str, Element]) -> None:
+        """Several rows' samples in one lockstep pass per block (each in every dtype);
+        ``common``: the elements all of them apply, transformed once per block."""
+        lanes = [(dt, elements) for _, elements in rows for dt in self.dtypes]
+        got = iter(self.local.deviations(lanes, common))
+        for label, _ in rows:
+            for dt in self.dtypes:
+                a, r = next(got)
+                w = self.worst.setdefault(label, {}).get(dt)
+                if w is None or r > w[1] or not math.isfinite(r):
+                    self.worst[label][dt] = (a, r)
 
     def sample_all(self, declared: Sequence[str], insts: Mapping[str, list[str]], want_all: bool) -> Walk | None:
-        """Every space's samples, then all spaces' together: the elements the whole check draws."""
+        """Every space's samples, and all spaces' together: the elements the whole check
+        draws. The costliest space (the residual stream) and 'all' run in one pass per
+        sample, its transform computed once per block for both (unless its factor
+        chains mix with other spaces')."""
+        problem = self.problem
         all_insts = [i for d in declared for i in insts[d]]
+        cost = {d: sum(math.prod(problem.params[p].shape) for i in insts[d] for p in problem.params_of(i)) for d in declared}
+        pivot = max(declared, key=lambda d: cost[d]) if len(declared) > 1 and want_all else None
+        if pivot is not None and shares_chain(problem, set(insts[pivot])):
+            pivot = None
         drawn = [self.sample(all_insts, self.seed * 1000 + k) for k in range(self.samples)]
-        total = self.samples * (len(declared) + want_all)
+        rest = [d for d in declared if d != pivot]
+        total = self.samples * (len(rest) + (pivot is not None or want_all))
         steps = itertools.count()
-        for d in declared:
+        for d in rest:
             for k, elems in enumerate(drawn):
                 self.say(Step(f"sample {k + 1}/{self.samples}: {d}", next(steps), total))
                 self.measure(d, {i: elems[i] for i in insts[d]})
-        if want_all:
-            for k, elems in enumerate(drawn):
+        for k, elems in enumerate(drawn if want_all or pivot is not None else []):
+            if pivot is None:
                 self.say(Step(f"sample {k + 1}/{self.samples}: all spaces together", next(steps), total))
                 self.measure("all", elems if len(declared) > 1 else self.sample(all_insts, self.seed * 1000 + 500 + k))
+                continue
+            self.say(Step(f"sample {k + 1}/{self.samples}: {pivot}, and all spaces together", next(steps), total))
+            mine = {i: elems[i] for i in insts[pivot]}
+            self.measure_lanes([(pivot, mine), ("all", elems)], mine)
         return None
