@@ -30,7 +30,7 @@ from symspec.problem import Factor, Site
 from symspec.solvers.engine.activation_statistics import (
     ActivationMoments,
     SiteMoments,
-    activation_problem,
+    activation_terms,
 )
 from symspec.transforms import apply_elements, canonicalize_model, sample_elements, transform_tensor
 from tests.cli_files import model_file, run, write_words
@@ -128,31 +128,44 @@ def test_streaming_moments_equal_the_direct_ones_and_stay_the_same_size() -> Non
     size = m.bytes
     for i in range(0, 50, 7):
         m.update(xa[i : i + 7], xb[i : i + 7])
-    torch.testing.assert_close(m.cross, xa.T @ xb)
-    torch.testing.assert_close(m.gram, xb.T @ xb)
+    torch.testing.assert_close(m.cross[0], xa.T @ xb)
+    torch.testing.assert_close(m.gram[0], xb.T @ xb)
     torch.testing.assert_close(m.sq_a, xa.square().sum(0))
+    torch.testing.assert_close(m.sq_b, xb.square().sum(0))
     assert m.count == 50 and m.bytes == size
     with pytest.raises(ValueError, match="expected"):
         m.update(torch.zeros(2, 4), torch.zeros(2, 4))
 
 
 def test_site_roots_reproduce_the_cross_moments() -> None:
+    """Per block of a site (a segment: what the solvers read), ``L_A L_B^T = C``; ``L_B L_B^T
+    = G`` where the block has a Gram (GL heads), its diagonal where it has none
+    (permutations, the orthogonal residual); the objective is the real one once the
+    offset is taken off."""
     canon, inputs, bound = _family("nanogpt")
     rec = SiteRecorder(canon, bound.problem)
     other = {k: v + 0.1 * torch.randn_like(v) for k, v in canon.state_dict().items()}
     fa, fb = rec.record(inputs, canon.state_dict()), rec.record(inputs, other)
-    moments = ActivationMoments.empty(rec.sites)
+    moments = ActivationMoments.empty(rec.sites, problem=bound.problem)
     moments.update(fa, fb)
-    problem, la, lb = activation_problem(bound.problem, moments, normalize="none", dtype=torch.float64)
+    terms = activation_terms(bound.problem, moments, normalize="none", dtype=torch.float64)
+    la, lb = terms.sd_a, terms.sd_b
+    real = 0.0
     for site in rec.sites:
         key = f"site:{site.name}"
         xa, xb = fa[site.name], fb[site.name]
         n = xa.shape[0]
-        torch.testing.assert_close(la[key] @ lb[key].T, xa.T @ xb / n)
-        torch.testing.assert_close(lb[key] @ lb[key].T, xb.T @ xb / n)
-        # the objective is the real one: ||L_A - L_B||^2 = mean ||x^A - x^B||^2
-        torch.testing.assert_close((la[key] - lb[key]).square().sum(), (xa - xb).square().sum() / n)
-    assert set(problem.params) == {f"site:{s.name}" for s in rec.sites} and problem.spaces == bound.problem.spaces
+        for idx, gram in zip(moments.moments[site.name].index, moments.moments[site.name].gram):
+            torch.testing.assert_close(la[key][idx] @ lb[key][idx].T, xa[:, idx].T @ xb[:, idx] / n)
+            want = xb[:, idx].T @ xb[:, idx] / n
+            got = lb[key][idx] @ lb[key][idx].T
+            torch.testing.assert_close(got if gram is not None else got.diagonal(), want if gram is not None else want.diagonal())
+        real += float((xa - xb).square().sum()) / n
+    # the objective is the real one: sum ||L_A - L_B||^2 - offset = sum mean ||x^A - x^B||^2
+    seen = sum(float((la[k] - lb[k]).square().sum()) for k in terms.problem.params)
+    assert seen - terms.offset == pytest.approx(real, rel=1e-9)
+    assert set(terms.problem.params) == {f"site:{s.name}" for s in rec.sites}
+    assert terms.problem.spaces == bound.problem.spaces
 
 
 def _planted_data(name: str, batches: int = 4, seed: int = 3) -> tuple[Any, Any]:

@@ -18,7 +18,7 @@ from ..problem import Problem
 from ..solvers import Timer, match_weights
 from ..solvers.engine.activation_statistics import (
     ActivationMoments,
-    activation_problem,
+    activation_terms,
     combined_problem,
 )
 from .activation import ActivationMatching, TokenWeightedMatching, options_of
@@ -36,24 +36,27 @@ def align_activation(method: ActivationMatching, problem: Problem, a: Endpoint, 
     with timer("statistics"):
         moments = collect_moments(a.module, problem, a.state, b.state, options.data, batches=opts.batches,
                                   device=options.device, sites=opts.sites)
-    with timer("factor"):
+    described = moments.describe()
+    with timer("factor"):  # each site's moments are let go as soon as it is factored
         if method.combine:
-            prob, sa, sb = combined_problem(problem, a.state, b.state, moments, mix=opts.mix,
-                                            normalize=opts.normalize)
+            terms = combined_problem(problem, a.state, b.state, moments, mix=opts.mix, normalize=opts.normalize,
+                                     release=True)
         else:
             dtype = options.dtype or next((t.dtype for t in a.state.values() if t.is_floating_point()), torch.float32)
-            prob, sa, sb = activation_problem(problem, moments, normalize=opts.normalize, dtype=dtype,
-                                              ridge=opts.ridge)
-    res = match_weights(prob, sa, sb, rounds=options.rounds, tol=options.tol, device=options.device,
-                        dtype=options.dtype, init=options.init, progress=options.progress, timer=timer,
-                        options=opts.solver)
+            terms = activation_terms(problem, moments, normalize=opts.normalize, dtype=dtype, ridge=opts.ridge,
+                                     release=True)
+    res = match_weights(terms.problem, terms.sd_a, terms.sd_b, rounds=options.rounds, tol=options.tol,
+                        device=options.device, dtype=options.dtype, init=options.init, progress=options.progress,
+                        timer=timer, options=opts.solver)
+    # the Gram-free sites' tensors count part of A's energy twice: the real objective is lower by that
+    history = [h - terms.offset for h in res.history]
     seen = {s for site in moments.sites.values() for s in site.spaces()}
-    info = {"statistics": moments.describe(), "normalize": opts.normalize,
+    info = {"statistics": described, "normalize": opts.normalize,
             "spaces_without_sites": sorted(set(problem.spaces) - seen),
             "parts_without_sites": _parts_without_sites(problem, moments.sites.values())}
     if method.combine:
         info["mix"] = opts.mix
-    return Alignment(res.elements, res.history, res.timings, res.converged, None, info)
+    return Alignment(res.elements, history, res.timings, res.converged, None, info)
 
 
 def align_token_weighted(method: TokenWeightedMatching, problem: Problem, a: Endpoint, b: Endpoint,
@@ -106,7 +109,10 @@ def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[
                     device: torch.device | str = "cpu", sites: str = "read") -> ActivationMoments:
     """Run ``module`` with A's and with B's weights over the data's batches and
     accumulate the moments of the activation sites of ``problem`` (``sites="all"``: every
-    one; ``"read"``: one per chain of elementwise functions, :func:`~symspec.graph.read_sites`)."""
+    one; ``"read"``: one per chain of elementwise functions, :func:`~symspec.graph.read_sites`),
+    only the blocks and Grams their spaces read (:meth:`SiteMoments.for_site`). Per batch,
+    A's features are kept and B's are added to the moments site by site as B computes
+    them, A's copy dropped right after: one model's features of one batch are held, never both."""
     recorder = SiteRecorder(module, problem, select=read_sites if sites == "read" else None)
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
     moments: ActivationMoments | None = None
@@ -116,16 +122,28 @@ def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[
         for inputs, _ in _batches(data, batches):
             inputs = _cast(inputs, dtype)
             fa = recorder.record(inputs, state_a)
-            fb = recorder.record(inputs, state_b)
             if moments is None:
                 if not recorder.sites:
                     raise SymspecInputError(f"no activation site found in {type(module).__name__} for the spec's spaces")
-                moments = ActivationMoments.empty(recorder.sites, device)
-            moments.update(fa, fb)
+                moments = ActivationMoments.empty(recorder.sites, device, problem)
+            recorder.record(inputs, state_b, sink=_streamed(moments, fa))
+            moments.end_batch()
+            del fa
     finally:
         module.train(training)
     assert moments is not None
     return moments
+
+
+def _streamed(moments: ActivationMoments, fa: dict[str, torch.Tensor]) -> Any:
+    """A sink for B's features: each site's moments take them with A's, whose copy goes."""
+
+    def sink(name: str, xb: torch.Tensor) -> None:
+        xa = fa.pop(name, None)
+        if xa is not None:
+            moments.update_site(name, xa, xb)
+
+    return sink
 
 
 def _parts_without_sites(problem: Problem, sites: Any) -> list[str]:

@@ -98,16 +98,22 @@ class SiteRecorder:
             self._runners[key] = (_Runner(mg.runnable(), wanted, mg.method == "export"), sites)
         return self._runners[key]
 
-    def record(self, inputs: Any, state: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    def record(self, inputs: Any, state: Mapping[str, torch.Tensor] | None = None,
+               sink: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, torch.Tensor]:
         """One batch: site name -> (tokens, features), the features of the model with
-        ``state`` (default: the module's own weights)."""
+        ``state`` (default: the module's own weights). With ``sink``, each site's features
+        go to ``sink(name, features)`` as they are computed and none is kept (empty result)."""
         runner, sites = self._runner(inputs)
         out: dict[str, torch.Tensor] = {}
 
-        def sink(name: str, value: torch.Tensor) -> None:
-            out[name] = value.detach().reshape(-1, sites[name].size)
+        def keep(name: str, value: torch.Tensor) -> None:
+            features = value.detach().reshape(-1, sites[name].size)
+            if sink is None:
+                out[name] = features
+            else:
+                sink(name, features)
 
-        runner.sink = sink
+        runner.sink = keep
         args, kwargs = call_args(inputs)
         flat = pytree.tree_flatten((args, kwargs))[0] if runner.flat else list(args)
         with torch.no_grad():
