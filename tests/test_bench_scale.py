@@ -60,6 +60,17 @@ def test_the_table_and_merge_keep_one_row_per_measurement() -> None:
     assert bench_scale.fmt_seconds(150) == "2:30"
 
 
+def test_the_table_goes_between_the_readme_markers(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- scale-table:begin -->\nold\n<!-- scale-table:end -->\ntail\n")
+    bench_scale.write_between_markers(readme, "| new |")
+    assert readme.read_text() == "# x\n<!-- scale-table:begin -->\n| new |\n<!-- scale-table:end -->\ntail\n"
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="needs one"):
+        bench_scale.write_between_markers(readme, "| new |")
+    assert readme.read_text() == "no markers\n"
+
+
 def test_the_gpu_script_says_no_cuda_or_runs_its_cpu_half(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")
     import torch
