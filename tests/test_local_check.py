@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import symspec
+import symspec.checker.local as local_mod
 from symspec.binding import bind
 from symspec.checker import check
 from symspec.checker.blocks import find_blocks
@@ -169,3 +170,13 @@ def test_check_cli_whole_and_local_agree_and_cuda_needs_a_gpu() -> None:
     if not torch.cuda.is_available():
         code, _, err = run("check", gpt, "--device", "cuda")
         assert code == 2 and err.startswith("error: ") and "--device" in err and len(err.strip().splitlines()) == 1
+
+
+def test_big_tensors_are_transformed_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every tensor counts as big: the embeddings and projections are moved a few rows at a time, in place
+    monkeypatch.setattr(local_mod, "_CHUNK", 7)
+    monkeypatch.setattr(local_mod, "_CACHE_NUMEL", 0)
+    model, inputs = ZOO["qwen2"]()
+    assert _agree(model, symspec.load_spec("qwen2"), inputs).passed
+    report = _agree(model, variant("qwen2", ("qk=RoPE(dh)", "qk=GL(dh)")), inputs)
+    assert {r.space for r in report.failed_rows()} == {"attn[*]", "all"}

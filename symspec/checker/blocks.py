@@ -186,12 +186,14 @@ class Streamed:
         allows stopping there. Calls before ``span[0]`` return ``replay``'s outputs."""
         return self.run_lanes(inputs, [Lane(dtype, values, mode, replay, span, follow)])[0]
 
-    def run_lanes(self, inputs: Any, lanes: Sequence[Lane]) -> list[Any]:
+    def run_lanes(self, inputs: Any, lanes: Sequence[Lane], keep_errors: bool = False) -> list[Any]:
         """Several passes in lockstep, one thread each, one running at a time: every lane
         runs block call ``n`` before any runs call ``n + 1`` (so what the lanes' values
-        share for a call, :meth:`shared`, is computed once and dropped after it)."""
+        share for a call, :meth:`shared`, is computed once and dropped after it). A lane's
+        error is raised, or with ``keep_errors`` left in its :attr:`Lane.error`."""
         if len(lanes) > 1 and (self.rest or self.glue or self.blocks[0][1] is self.model):
-            return [self.run_lanes(inputs, [lane]) [0] for lane in lanes]  # what the glue holds is per pass
+            # what the glue holds is per pass: one pass after the other
+            return [self.run_lanes(inputs, [lane], keep_errors)[0] for lane in lanes]
         state = [(m, m.training) for m in self.model.modules()]
         self.placeholders.clear()
         self._kept.clear()
@@ -214,7 +216,7 @@ class Streamed:
                 for t in threads:
                     t.join()
             for lane in lanes:
-                if lane.error is not None:
+                if lane.error is not None and not keep_errors:
                     raise lane.error
             return [lane.out for lane in lanes]
         finally:
@@ -329,17 +331,19 @@ class Streamed:
         self._kept.append(p)
         return p
 
-    def record(self, dtype: torch.dtype, inputs: Any, values: Values, mode: Any = None) -> Recording:
-        """One pass that keeps each block call's output and where its inputs came from. A
-        parameter read outside its block's call is added to :attr:`glue` and the pass repeated."""
+    def record(self, dtypes: Sequence[torch.dtype], inputs: Any, values: Values, modes: Sequence[Any]) -> list[Recording]:
+        """One pass per dtype (in lockstep) that keeps each block call's output and where its
+        inputs came from. A parameter read outside its block's call is added to
+        :attr:`glue` and the passes repeated."""
         while True:
-            follow = _Follow(self.placeholders)
-            lane = Lane(dtype, values, mode, follow=follow)
-            self.run_lanes(inputs, [lane])
-            if not follow.read - self.glue:
+            lanes = [Lane(dt, values, mode, follow=_Follow(self.placeholders)) for dt, mode in zip(dtypes, modes)]
+            self.run_lanes(inputs, lanes)
+            read = set().union(*(lane.follow.read for lane in lanes if lane.follow is not None))
+            if not read - self.glue:
                 break
-            self.glue |= follow.read
-        return Recording(lane.calls, lane.outputs, lane.needs, lane.final, follow.of(lane.final))
+            self.glue |= read
+        return [Recording(lane.calls, lane.outputs, lane.needs, lane.final, lane.follow.of(lane.final))  # type: ignore[union-attr]
+                for lane in lanes]
 
 
 @attrs.define(eq=False)

@@ -24,13 +24,15 @@ from ..binding import BoundSpec
 from ..canonical import CanonOp
 from ..groups import Element
 from ..precision import KeepFloat64
-from ..problem import Problem
+from ..problem import ParamBinding, Problem
 from ..transforms import transform_tensor
 from .blocks import Lane, Recording, Streamed, Values
 from .forward import DTYPES, compare, flatten_outputs
 
 #: canonical values kept between passes when at most this many entries (norm gains, biases)
 _CACHE_NUMEL = 1 << 16
+#: entries of a big tensor transformed at once (8M: 64 MB in float64)
+_CHUNK = 1 << 23
 
 
 def _names_in(args: Any) -> list[str]:
@@ -108,9 +110,27 @@ class Weights:
             if rep is None:
                 continue
             if rep not in done:
-                done[rep] = transform_tensor(self.problem, self.problem.params[rep], vals[n], elements)
+                x = vals[n]
+                owned = start is None and x.numel() > _CACHE_NUMEL and x.data_ptr() != self.original[n].data_ptr()
+                done[rep] = self._transform(self.problem.params[rep], x, elements, owned)
             vals[n] = done[rep]
         return vals
+
+    def _transform(self, binding: ParamBinding, x: torch.Tensor, elements: Mapping[str, Element], owned: bool) -> torch.Tensor:
+        """:func:`transform_tensor`, a slice at a time along an axis no element acts on (an
+        embedding's rows), into ``x`` itself when ``owned``: a [vocab, d] matrix is not
+        held twice in float64."""
+        moved = {ab.axis for ab in binding.axes if any(f.space in elements for sg in ab.segments for f in sg.factors)}
+        free = [a for a in range(x.ndim) if a not in moved]
+        if binding.view is not None or not free or x.numel() <= _CHUNK:
+            return transform_tensor(self.problem, binding, x, elements)
+        axis = max(free, key=lambda a: x.shape[a])
+        step = max(1, _CHUNK * x.shape[axis] // x.numel())
+        out = x if owned else torch.empty_like(x)
+        for s in range(0, x.shape[axis], step):
+            k = min(step, x.shape[axis] - s)
+            out.narrow(axis, s, k).copy_(transform_tensor(self.problem, binding, x.narrow(axis, s, k), elements))
+        return out
 
 
 class LocalModels:
@@ -133,15 +153,27 @@ class LocalModels:
         return KeepFloat64(rewrite=self.exact64) if dt == "float64" else None
 
     def run(self, dt: str) -> list[torch.Tensor]:
-        """The model's own outputs (not canonicalised), streamed; counts float64 casts."""
-        mode = self.keep if dt == "float64" else None
-        return [t.detach() for t in flatten_outputs(self.streamed.run(DTYPES[dt], self.inputs, lambda ns: {}, mode))]
+        """The model's own outputs (not canonicalised), streamed; counts float64 casts. The
+        first call runs every dtype, in lockstep; an error is raised for its own dtype."""
+        if not hasattr(self, "_plain"):
+            lanes = [Lane(DTYPES[d], self._shared(lambda ns: {}), self.keep if d == "float64" else None) for d in self.dtypes]
+            self.streamed.run_lanes(self.inputs, lanes, keep_errors=True)
+            self._plain = {d: lane for d, lane in zip(self.dtypes, lanes)}
+        lane = self._plain.pop(dt)
+        if lane.error is not None:
+            raise lane.error
+        return [t.detach() for t in flatten_outputs(lane.out)]
 
     def record(self) -> dict[str, list[torch.Tensor]]:
         """The canonical model's pass per dtype, recorded; its outputs."""
-        for dt in self.dtypes:
-            self.recs[dt] = self.streamed.record(DTYPES[dt], self.inputs, self.weights.canonical, self.mode(dt))
+        recs = self.streamed.record([DTYPES[dt] for dt in self.dtypes], self.inputs, self._shared(self.weights.canonical),
+                                    [self.mode(dt) for dt in self.dtypes])
+        self.recs = dict(zip(self.dtypes, recs))
         return {dt: [t.detach() for t in flatten_outputs(r.final)] for dt, r in self.recs.items()}
+
+    def _shared(self, values: Values) -> Values:
+        """``values``, computed once per block call for all lanes."""
+        return lambda ns: self.streamed.shared(lambda: values(ns))
 
     def span(self, names: Sequence[str], rec: Recording) -> tuple[int, int] | None:
         """The calls from the first to the last that read ``names`` (None: the whole pass)."""

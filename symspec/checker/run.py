@@ -339,12 +339,11 @@ class LocalRun(SpaceRun):
             pivot = None
         drawn = [self.sample(all_insts, self.seed * 1000 + k) for k in range(self.samples)]
         rest = [d for d in declared if d != pivot]
-        total = self.samples * (len(rest) + (pivot is not None or want_all))
+        total = self.samples * (bool(rest) + (pivot is not None or want_all))
         steps = itertools.count()
-        for d in rest:
-            for k, elems in enumerate(drawn):
-                self.say(Step(f"sample {k + 1}/{self.samples}: {d}", next(steps), total))
-                self.measure(d, {i: elems[i] for i in insts[d]})
+        for k, elems in enumerate(drawn if rest else []):  # the other spaces: one pass per sample, a lane each
+            self.say(Step(f"sample {k + 1}/{self.samples}: {', '.join(rest)}", next(steps), total))
+            self.measure_lanes([(d, {i: elems[i] for i in insts[d]}) for d in rest], {})
         for k, elems in enumerate(drawn if want_all or pivot is not None else []):
             if pivot is None:
                 self.say(Step(f"sample {k + 1}/{self.samples}: all spaces together", next(steps), total))
