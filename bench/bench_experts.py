@@ -14,6 +14,11 @@ the relative distance ||A - g.B|| / ||A|| after matching, the rounds it took and
 seconds, per device. The expert + unit + scaling solve reads a dense score over the
 E*f units (E^2 f^2 numbers), which is what grows fastest.
 
+On an H200 the GPU once stopped at 4.9e-5 (256x8x256) where the CPU reached 2.5e-6: TF32
+was off (and TF32 products, emulated on the CPU, stop 10x further off still); the residual's
+rotation came from a float32 SVD on the GPU, now a float64 one (docs/matching.md).
+``bash bench/gpu.sh`` measures CPU and GPU side by side.
+
 Wide heads (``--head-width 256``) once stalled: torch's batched LU on a multi-threaded
 CPU returns wrong inverses for matrices from about 150 wide (pytorch/pytorch#142815),
 and the GL head maps are inverted as a batch; :mod:`symspec.linalg` now inverts such
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fixtures import RESULTS, command_line, write_results
+from symspec.precision import tf32_setting
 
 
 def planted(d: int, n_exp: int, f: int, layers: int, head_width: int = 64, seed: int = 0) -> tuple[Any, Any]:
@@ -98,7 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     write_results(args.out, {"benchmark": "planted mixture-of-experts recovery by weight matching",
                              "command": command_line(__file__, argv),
                              "torch": torch.__version__,
-                             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "rows": rows})
+                             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                             # the caller's setting; weight matching runs in IEEE float32 whatever it is
+                             "tf32": tf32_setting(), "rows": rows})
 
 
 if __name__ == "__main__":
