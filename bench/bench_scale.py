@@ -30,8 +30,8 @@ size of one checkpoint on disk (in its dtype). The commands:
   of ``../shared/data/tinyshakespeare.txt``, tokenised by a 512-token byte-level BPE
   trained on it and cached beside the models: no download, and its ids fit every size);
 - ``barrier``: ``symspec barrier A C --points 3`` on the same text's validation split, C
-  an independent model (seed 1): barrier evaluates both in A's module, which ties the
-  output head where a planted B's is untied.
+  an independent model (seed 1; B itself where B is independent): barrier evaluates both
+  in A's module, which ties the output head where a planted B's is untied.
 
 Writes ``--out`` (JSON: the command line, the machine, one row per model, dtype and
 command) and ``--plot`` (log-log, time and peak memory against parameters, one line per
@@ -145,7 +145,8 @@ def prepare(size: str, dtypes: list[str], pair: str, cache: Path = CACHE) -> dic
     root = cache / size
     info_file = root / "info.json"
     info = json.loads(info_file.read_text()) if info_file.exists() else {}
-    missing = [dt for dt in dtypes if not all((root / dt / m).exists() for m in "abc")]
+    needed = "abc" if info.get("pair", pair) != "independent" else "ab"
+    missing = [dt for dt in dtypes if not all((root / dt / m).exists() for m in needed)]
     if not missing and info.get("pair") and (pair == "auto" or info["pair"] == pair):
         return info
     print(f"[{size}] building the models ({', '.join(missing or dtypes)})", flush=True)
@@ -160,9 +161,10 @@ def prepare(size: str, dtypes: list[str], pair: str, cache: Path = CACHE) -> dic
         save(a, root / dt / "a", dt)
         save(b, root / dt / "b", dt)
     del b
-    c = build(size, 1)
-    for dt in dtypes:
-        save(c, root / dt / "c", dt)
+    if pair == "planted":  # an independent B is C already
+        c = build(size, 1)
+        for dt in dtypes:
+            save(c, root / dt / "c", dt)
     info = {"size": size, "family": spec, "params": params, "pair": pair, "config": SHAPES[size][1]}
     root.mkdir(parents=True, exist_ok=True)
     info_file.write_text(json.dumps(info, indent=2) + "\n")
@@ -273,7 +275,7 @@ def command_argv(command: str, a: Path, b: Path, work: Path, data: str) -> list[
         "match": ["match", str(a), str(b), "--out", str(out), "--force"],
         "match-data": ["match", str(a), str(b), "--out", str(out), "--force", "--method", "weight+activation",
                        "--data", data],
-        "barrier": ["barrier", str(a), str(a.with_name("c")), "--data", data, "--points", "3", "--report", str(work / "barrier.json"),
+        "barrier": ["barrier", str(a), str(c if (c := a.with_name("c")).exists() else b), "--data", data, "--points", "3", "--report", str(work / "barrier.json"),
                     "--force"],
     }[command]
 
