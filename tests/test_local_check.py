@@ -110,6 +110,15 @@ def test_a_wrong_canonicalisation_is_caught() -> None:
 
 # -- a head that reads the embedding between blocks ----------------------------------------------
 
+class _MLP(torch.nn.Module):
+    def __init__(self, d: int, f: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(d, f), torch.nn.Linear(f, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
 class _TiedByHand(torch.nn.Module):
     """Embedding, a stack of ReLU MLP layers, and a head written as ``x @ emb.weight.T``
     in the model's own forward (not a block): the embedding is read between blocks."""
@@ -118,8 +127,7 @@ class _TiedByHand(torch.nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.emb = torch.nn.Embedding(vocab, d)
-        self.layers = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(d, f), torch.nn.ReLU(), torch.nn.Linear(f, d))
-                                          for _ in range(n))
+        self.layers = torch.nn.ModuleList(_MLP(d, f) for _ in range(n))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.emb(tokens)
@@ -133,16 +141,16 @@ symspec: 1
 name: tied-by-hand
 dims:
   d: shape("emb.weight", 1)
-  f: shape("layers.0.0.weight", 0)
+  f: shape("layers.0.fc1.weight", 0)
 spaces:
   resid: O(d)
   ff[i]: {group}
 params:
   emb.weight: [_, resid]
-  layers.{{i}}.0.weight: ["ff[i]", resid*]
-  layers.{{i}}.0.bias: ["ff[i]"]
-  layers.{{i}}.2.weight: [resid, "ff[i]*"]
-  layers.{{i}}.2.bias: [resid]
+  layers.{{i}}.fc1.weight: ["ff[i]", resid*]
+  layers.{{i}}.fc1.bias: ["ff[i]"]
+  layers.{{i}}.fc2.weight: [resid, "ff[i]*"]
+  layers.{{i}}.fc2.bias: [resid]
 """
 
 
@@ -180,3 +188,12 @@ def test_big_tensors_are_transformed_a_slice_at_a_time(monkeypatch: pytest.Monke
     assert _agree(model, symspec.load_spec("qwen2"), inputs).passed
     report = _agree(model, variant("qwen2", ("qk=RoPE(dh)", "qk=GL(dh)")), inputs)
     assert {r.space for r in report.failed_rows()} == {"attn[*]", "all"}
+
+
+def test_a_model_without_a_stack_of_layers_is_checked_whole_and_still_fails_a_wrong_group() -> None:
+    model, tokens = _TiedByHand(n=1), torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert [p for p, _ in find_blocks(model)] == [""]
+    good = _agree(model, loads_spec(_TIED_SPEC.format(group="S(f)"), "tied.yaml"), tokens)
+    assert good.passed and any("no stack of layers" in n for n in good.notes)
+    wrong = _agree(model, loads_spec(_TIED_SPEC.format(group="O(f)"), "tied.yaml"), tokens)
+    assert {r.space for r in wrong.failed_rows()} == {"ff[*]", "all"}

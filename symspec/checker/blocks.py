@@ -198,7 +198,7 @@ class Streamed:
         self.placeholders.clear()
         self._kept.clear()
         self._original = {id(e): e.get() for es in [*self.entries, self.rest] for e in es}
-        self._memo: dict[int, Any] = {}
+        self._memo: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._ph: dict[torch.dtype, list[torch.Tensor]] = {}
         self._ph_dtype: torch.dtype | None = None
         self._baton = _Baton(len(lanes))
@@ -230,13 +230,13 @@ class Streamed:
             for m, training in state:
                 m.training = training
 
-    def shared(self, compute: Callable[[], Any]) -> Any:
-        """What every lane's values for the current block call share, computed once."""
-        n = len(self._tls.lane.calls) - 1
-        if n not in self._memo:
+    def shared(self, names: Sequence[str], compute: Callable[[], Any]) -> Any:
+        """What every lane's values of ``names`` for the current block call share, computed once."""
+        key = (len(self._tls.lane.calls) - 1, tuple(names))
+        if key not in self._memo:
             self._memo.clear()
-            self._memo[n] = compute()
-        return self._memo[n]
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def _lane_pass(self, i: int, lane: Lane, inputs: Any) -> None:
         """One lane's forward pass (in its own thread when there are several)."""
@@ -315,6 +315,8 @@ class Streamed:
         return call_forward(self.model, cast_inputs(_to(inputs, self.device), dtype), mode)
 
     def _values(self, values: Values, entries: Sequence[Entry], dtype: torch.dtype) -> list[torch.Tensor]:
+        if not entries:
+            return []
         got = values([e.name for e in entries])
         out = []
         for e in entries:

@@ -173,7 +173,7 @@ class LocalModels:
 
     def _shared(self, values: Values) -> Values:
         """``values``, computed once per block call for all lanes."""
-        return lambda ns: self.streamed.shared(lambda: values(ns))
+        return lambda ns: self.streamed.shared(ns, lambda: values(ns))
 
     def span(self, names: Sequence[str], rec: Recording) -> tuple[int, int] | None:
         """The calls from the first to the last that read ``names`` (None: the whole pass)."""
@@ -212,6 +212,6 @@ class LocalModels:
         weights, streamed = self.weights, self.streamed
 
         def values(ns: Sequence[str]) -> Mapping[str, torch.Tensor]:
-            base = streamed.shared(lambda: weights.transformed(ns, common))
+            base = streamed.shared(ns, lambda: weights.transformed(ns, common))
             return weights.transformed(ns, extra, base) if extra else base
         return values
