@@ -83,6 +83,10 @@ class Term:
         """The diagonal of ``gram``: sum w ||b_i||^2 per row i, [*batch, n]."""
         return self._cached("gram_diag", self._gram_diag)
 
+    def cross_diag(self) -> torch.Tensor:
+        """The diagonal of ``cross``, [*batch, n] (all a diagonal group's solver reads)."""
+        return self._cached("cross_diag", self._cross_diag)
+
     def a_sq(self) -> torch.Tensor:
         """sum w ||a||^2, [*batch]."""
         return self._cached("a_sq", lambda: self.rows_sq().sum(-1))
@@ -110,6 +114,9 @@ class Term:
 
     def _gram_diag(self) -> torch.Tensor:
         return torch.diagonal(self.gram(), dim1=-2, dim2=-1)
+
+    def _cross_diag(self) -> torch.Tensor:
+        return torch.diagonal(self.cross(), dim1=-2, dim2=-1)
 
     def _gram_a(self) -> torch.Tensor:
         raise SolverError("this term does not carry A's Gram matrix")
@@ -158,6 +165,32 @@ class StatTerm(Term):
         return self._ga() if callable(self._ga) else self._ga
 
 
+class DiagStatTerm(Term):
+    """A term whose cross and Gram matrices are diagonal, given by their diagonals (a
+    diagonal group's problem once a permutation is fixed): the n x n matrices are built
+    only if asked for."""
+
+    def __init__(self, path: Path, variance: str, cross_diag: torch.Tensor, gram_diag: torch.Tensor,
+                 rows_sq: torch.Tensor) -> None:
+        super().__init__(path, variance)
+        self._cd, self._gd, self._r = cross_diag, gram_diag, rows_sq
+
+    def _cross_diag(self) -> torch.Tensor:
+        return self._cd
+
+    def _gram_diag(self) -> torch.Tensor:
+        return self._gd
+
+    def _cross(self) -> torch.Tensor:
+        return torch.diag_embed(self._cd)
+
+    def _gram(self) -> torch.Tensor:
+        return torch.diag_embed(self._gd)
+
+    def _rows_sq(self) -> torch.Tensor:
+        return self._r
+
+
 class SumTerm(Term):
     """Terms of one (path, variance), added up."""
 
@@ -170,6 +203,9 @@ class SumTerm(Term):
 
     def _gram_diag(self) -> torch.Tensor:
         return _sum(t.gram_diag() for t in self.terms)
+
+    def _cross_diag(self) -> torch.Tensor:
+        return _sum(t.cross_diag() for t in self.terms)
 
     def _gram(self) -> torch.Tensor:
         return _sum(t.gram() for t in self.terms)

@@ -32,6 +32,7 @@ import torch
 from ...groups import Element, Group, RoPE
 from ...linalg import lu_inv_ex, lu_solve
 from ..engine.base import SolveContext, SolverError, Term, require_variances, solver
+from .scale_value import SCALE_NEWTON_STEPS, ScaleWork, best_scale_value  # noqa: F401  (re-exported: the pair score looks it up here)
 
 Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # cross, gram, a_sq
 
@@ -282,12 +283,16 @@ def _gram_a(terms: list[Term], variance: str, n: int) -> torch.Tensor | None:
 # D(n), Dpos(n): per coordinate, exactly
 
 
-def _diag(s: Stats | None, batch_n: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    if s is None:
+def _diag(terms: list[Term], variance: str, batch_n: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The diagonals of the summed cross and Gram matrices of one variance's terms, in
+    float64 (never the n x n matrices: a scaling's problem is per coordinate)."""
+    sel = [t for t in terms if t.variance == variance]
+    if not sel:
         z = torch.zeros(batch_n, dtype=torch.float64, device=device)
         return z, z
-    c, g, _ = s
-    return torch.diagonal(c, dim1=-2, dim2=-1), torch.diagonal(g, dim1=-2, dim2=-1)
+    c = sum(t.cross_diag().to(torch.float64) for t in sel)
+    g = sum(t.gram_diag().to(torch.float64) for t in sel)
+    return c.reshape(batch_n), g.reshape(batch_n)  # type: ignore[union-attr]
 
 
 def _diag_value(d: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -328,75 +333,6 @@ def _polish(cand: torch.Tensor, coef: dict[str, torch.Tensor], steps: int = 3) -
     return cand
 
 
-#: Newton steps that polish the best candidate scale of every pair (best_scale_value)
-SCALE_NEWTON_STEPS = 2
-
-
-def best_scale_value(coef: dict[str, torch.Tensor | float], positive: bool) -> torch.Tensor:
-    """The value ``max_d 2 c_co d - g_co d^2 + 2 c_ct / d - g_ct / d^2 + 2 c_ab |d| - g_ab d^2``
-    of a unit at its own scale (d != 0; d > 0 if ``positive``), elementwise over the
-    coefficients' broadcast shape, in their dtype; a coefficient may be the float 0 (no
-    such term), which costs nothing.
-
-    Candidates per sign: the co-only optimum, the contra-only optimum and the balance
-    +-(g_ct / g_co)^(1/4); the best is polished by :data:`SCALE_NEWTON_STEPS` Newton steps,
-    each kept only where it raises the value on the same sign. Exact where the two optima
-    agree (planted pairs); otherwise a value some scale attains (never more than the
-    maximum). Poor pairs may stop at a lesser local maximum; the good ones, which the
-    assignment chooses among, are nearly always exact (bench/bench_pair_score.py: on
-    random statistics about half of all pairs but 99% of each row's five best are within
-    1e-6 of the maximum over the quartic's roots). Without contra terms the supremum 0
-    (d -> 0) counts too. A handful of passes over the arrays: it runs on every pair of
-    units (``assignment.scaled_pair_score``)."""
-    c_co, g_co, c_ct, g_ct, c_ab, g_ab = (coef[k] for k in ("c_co", "g_co", "c_ct", "g_ct", "c_ab", "g_ab"))
-    ref = next(v for v in coef.values() if isinstance(v, torch.Tensor))
-    g = torch.as_tensor(g_co + g_ab, dtype=ref.dtype, device=ref.device)  # a tensor: x / 0 is inf, not an error
-    has_ct = isinstance(g_ct, torch.Tensor)
-    # without abs terms one pass serves both signs: each candidate is valid on its own sign
-    signs: tuple[float | None, ...] = (1.0,) if positive else ((None,) if not isinstance(c_ab, torch.Tensor) else (1.0, -1.0))
-    best: torch.Tensor | None = None
-    for sigma in signs:
-        lin = c_co + (sigma or 0.0) * c_ab
-
-        def value(d: torch.Tensor, lin: torch.Tensor | float = lin, sigma: float | None = sigma) -> torch.Tensor:
-            v = d * (2 * lin - g * d)
-            if has_ct:
-                inv = 1.0 / d
-                v = v + inv * (2 * c_ct - g_ct * inv)
-            ok = torch.isfinite(v) & ((d != 0) if sigma is None else (d * sigma > 0))
-            return torch.where(ok, v, -torch.inf)
-
-        cands = [torch.as_tensor(lin / g)]
-        if has_ct:
-            cands.append(torch.as_tensor(g_ct / c_ct))
-            bal = (g_ct / g) ** 0.25  # of a valid sign wherever both sides have data
-            cands += [bal, -bal] if sigma is None else [sigma * bal]
-        bv = bd = None
-        for d in cands:
-            v = value(d)
-            if bv is None or bd is None:
-                bv, bd = v, d
-            else:
-                take = v > bv
-                bv, bd = torch.where(take, v, bv), torch.where(take, d, bd)
-        assert bv is not None and bd is not None
-        for _ in range(SCALE_NEWTON_STEPS if has_ct else 0):  # co terms alone: lin / g is the optimum
-            inv = 1.0 / bd
-            v1 = lin - g * bd + inv * inv * (g_ct * inv - c_ct)  # half the derivative
-            v2 = inv**3 * (2 * c_ct - 3 * g_ct * inv) - g  # half the second derivative
-            moved = bd - v1 / torch.where(v2 < 0, v2, -torch.inf)  # a step only where v is concave
-            mv = value(moved)
-            take = mv > bv
-            bv, bd = torch.where(take, mv, bv), torch.where(take, moved, bd)
-        best = bv if best is None else torch.maximum(best, bv)
-    assert best is not None
-    if not has_ct:
-        return best.clamp_min(0.0)
-    # no valid candidate: no co data (g == 0), where the value tends to 0 as |d| grows
-    best = torch.where(best == -torch.inf, 0.0, best)
-    return torch.where(g_ct == 0, best.clamp_min(0.0), best)
-
-
 def exact_scale_value(coef: dict[str, torch.Tensor | float], positive: bool) -> torch.Tensor:
     """The true maximum over d of :func:`best_scale_value`'s value (no abs terms ``c_ab``;
     ``g_ab`` joins ``g_co``): every real root of the stationarity quartic
@@ -422,10 +358,9 @@ def _solve_diagonal(group: Group, terms: list[Term], current: Element, ctx: Solv
     shape = tuple(d0.shape)
     n = group.n
     flat = (int(torch.tensor(shape[:-1]).prod()) if len(shape) > 1 else 1, n)
-    stats = {v: _stats(terms, v, n) for v in ("co", "contra", "abs")}
-    c_co, g_co = _diag(stats["co"], flat, d0.device)
-    c_ct, g_ct = _diag(stats["contra"], flat, d0.device)
-    c_ab, g_ab = _diag(stats["abs"], flat, d0.device)
+    c_co, g_co = _diag(terms, "co", flat, d0.device)
+    c_ct, g_ct = _diag(terms, "contra", flat, d0.device)
+    c_ab, g_ab = _diag(terms, "abs", flat, d0.device)
     cur = d0.to(torch.float64).reshape(flat)
     cands = [cur]
     signs = (1.0,) if positive else (1.0, -1.0)
