@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -22,7 +22,12 @@ def untie_module(model: torch.nn.Module, name: str) -> None:
     owner = model.get_submodule(prefix) if prefix else model
     current = getattr(owner, attr)
     setattr(owner, attr, torch.nn.Parameter(current.detach().clone(), requires_grad=current.requires_grad))
-    cfg = getattr(model, "config", None)
+    untie_config(getattr(model, "config", None))
+
+
+def untie_config(cfg: Any) -> None:
+    """Tell a Hugging Face config (in place; anything else: nothing) not to tie the word
+    embeddings again when the model is loaded."""
     # Hugging Face models re-tie on load unless told not to; say so in their config.
     if cfg is not None and hasattr(cfg, "tie_word_embeddings"):
         cfg.tie_word_embeddings = False

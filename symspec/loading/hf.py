@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from ..errors import ModelLoadError
 from ..io_util import read_small_file
+from .shards import Layout, read_layout
 from .usercode import describe_failure
 
 
@@ -64,6 +64,8 @@ def load_hf(path: Path) -> torch.nn.Module:
         cls = None
     if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
         raise ModelLoadError(f"{cfg_path}: transformers has no model class {archs[0]!r}")
+    # a corrupt index or a missing shard is named here, not deep inside from_pretrained
+    layout = read_layout(path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers.utils import logging as hf_logging  # optional: the hf extra
 
@@ -77,38 +79,26 @@ def load_hf(path: Path) -> torch.nn.Module:
     finally:
         if bar:
             hf_logging.enable_progress_bar()
-    _refuse_integer_weights(path, model)
+    if layout is not None:
+        _refuse_integer_weights(layout, model)
     _aligned_experts(model)
     return model.eval()
 
 
-def _refuse_integer_weights(folder: Path, model: torch.nn.Module) -> None:
+def _refuse_integer_weights(layout: Layout, model: torch.nn.Module) -> None:
     """from_pretrained casts integer tensors into floating-point parameters without a word:
     refuse a folder whose safetensors files hold integer values where the model has
     floating-point weights (read from the files' headers; the model's own integer buffers
     are fine), as :func:`load_state_dict_into` does for state dicts."""
     own = model.state_dict()
-    floats = {k for k, v in own.items() if v.is_floating_point()}
-    for file in sorted(folder.glob("*.safetensors")):
-        try:
-            with safe_open(str(file), "pt") as f:
-                dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
-        except Exception:  # unreadable: from_pretrained already read it, or will say
-            continue
-        for k in (k for k in own if k in dtypes or k.partition(".")[2] in dtypes):
-            dt = dtypes.get(k) or dtypes[k.partition(".")[2]]
-            if k in floats and not dt.startswith(("F", "BF", "C")):
-                name = k if k in dtypes else k.partition(".")[2]
-                what = _SAFETENSORS_DTYPES.get(dt, dt)
-                raise ModelLoadError(f"{file}: {name} holds {what} weights where the model has "
-                                     f"{str(own[k].dtype).removeprefix('torch.')}; save the floating-point weights "
-                                     "(the checkpoint's values were cast or it is another file)")
-
-
-#: safetensors' dtype names, as torch writes them
-_SAFETENSORS_DTYPES = {"I64": "torch.int64", "I32": "torch.int32", "I16": "torch.int16", "I8": "torch.int8",
-                       "U8": "torch.uint8", "U16": "torch.uint16", "U32": "torch.uint32", "U64": "torch.uint64",
-                       "BOOL": "torch.bool"}
+    dtypes = layout.dtypes
+    for k in (k for k in own if k in dtypes or k.partition(".")[2] in dtypes):
+        name = k if k in dtypes else k.partition(".")[2]
+        dt = dtypes[name]
+        if own[k].is_floating_point() and not (dt.is_floating_point or dt.is_complex):
+            raise ModelLoadError(f"{layout.folder / layout.files[name]}: {name} holds {dt} weights where the model has "
+                                 f"{str(own[k].dtype).removeprefix('torch.')}; save the floating-point weights "
+                                 "(the checkpoint's values were cast or it is another file)")
 
 
 def _aligned_experts(model: torch.nn.Module) -> None:

@@ -10,9 +10,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
+from ..binding import named_tensors
+from ..canonical.untie import untie_config
 from ..errors import ModelLoadError
 from ..outputs import atomic_write, atomic_write_bytes
 from .base import SAFETENSORS_SUFFIXES, LoadedModel, stored_dtype
+from .shards import Layout, plan_shards, read_layout, write_like
 from .statedict import load_state_dict_into
 
 
@@ -40,11 +43,21 @@ def save_model(loaded: LoadedModel, state_dict: Mapping[str, torch.Tensor], out:
     stored it in (``loaded.dtypes``; else the module's): a float16 checkpoint stays one,
     whatever precision the weights were computed in. Refuses to overwrite an existing
     path unless ``overwrite``.
+
+    A Hugging Face folder read from safetensors is written in its own layout, one shard
+    at a time (:func:`~symspec.loading.shards.write_like`): the same shard files and index
+    mapping (a single file stays single), each tensor in the dtype its file stored it in,
+    without a copy of the module; other folders go through ``save_pretrained``.
     """
     out = Path(out)
     if out.exists() and not overwrite:
         raise ModelLoadError(f"{out} exists; refusing to overwrite it")
     target = model if model is not None else loaded.model
+    layout = read_layout(loaded.source) if loaded.format == "hf" and loaded.source.is_dir() else None
+    plan = plan_shards(layout, state_dict, named_tensors(target)[1]) if layout is not None else None
+    if layout is not None and plan is not None:
+        atomic_write(out, lambda tmp: _write_folder(layout, plan, target, state_dict, tmp), folder=True)
+        return out
     if loaded.format == "hf":
         m = copy.deepcopy(target)
         for name, t in m.state_dict(keep_vars=True).items():
@@ -63,3 +76,20 @@ def save_model(loaded: LoadedModel, state_dict: Mapping[str, torch.Tensor], out:
         torch.save(sd, buf)
         atomic_write_bytes(out, buf.getvalue())
     return out
+
+
+def _write_folder(layout: Layout, plan: Mapping[str, list[str]], target: torch.nn.Module,
+                  state_dict: Mapping[str, torch.Tensor], folder: Path) -> None:
+    """A Hugging Face folder in ``layout``: its config (a copy, untied where a tied twin is
+    now stored apart), its generation config where it had one, and the weights shard by shard."""
+    cfg = getattr(target, "config", None)
+    if cfg is not None:
+        cfg = copy.deepcopy(cfg)
+        cfg.architectures = [type(target).__name__]  # as save_pretrained writes it: the class to rebuild
+        if any(k not in layout.files for names in plan.values() for k in names):
+            untie_config(cfg)  # a twin written apart: loading must not tie it again
+        cfg.save_pretrained(str(folder))
+    gen = getattr(target, "generation_config", None)
+    if gen is not None and (layout.folder / "generation_config.json").is_file():
+        gen.save_pretrained(str(folder))
+    write_like(layout, state_dict, folder, plan)
