@@ -11,6 +11,10 @@ and the checker: one implementation each.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import mmap
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -74,9 +78,12 @@ def check_finite(sd: Mapping[str, torch.Tensor], which: str) -> None:
         raise SymspecInputError(f"model {which} has NaN or inf weights in {', '.join(bad[:3])}{more}")
 
 
-def narrow_like(sd: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``sd`` with the entries that ``like`` stores in float16/bfloat16 cast back to it."""
-    out = dict(sd)
+def narrow_like(sd: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor], *,
+                in_place: bool = False) -> dict[str, torch.Tensor]:
+    """``sd`` with the entries that ``like`` stores in float16/bfloat16 cast back to it.
+    With ``in_place``, ``sd`` (a dict its caller owns) is the one rewritten and returned,
+    each wide entry let go as soon as its narrow copy is made."""
+    out = sd if in_place and isinstance(sd, dict) else dict(sd)
     for k, v in sd.items():
         ref = like.get(k)
         if ref is not None and ref.dtype in LOW_PRECISION and v.is_floating_point() and v.dtype != ref.dtype:
@@ -96,6 +103,44 @@ def storage_key(t: torch.Tensor) -> tuple[object, ...]:
         return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.device)
     except (RuntimeError, NotImplementedError):
         return (id(t),)
+
+
+#: madvise(2)'s MADV_PAGEOUT (Linux 5.4+): reclaim these pages now
+_MADV_PAGEOUT = 21
+
+
+def release_file_pages(tensors: Iterable[torch.Tensor]) -> int:
+    """Let the kernel take back the resident pages of tensors that are memory-mapped views
+    of a file (a checkpoint transformers or safetensors mapped instead of reading it),
+    once they have been read into working copies: they are clean copies of the file, read
+    again from it if ever touched, so no value changes and nothing is written. Memory that
+    is not a file's (a tensor of its own, or a page written since it was mapped) is left
+    as it is. Returns the bytes advised; 0 where ``madvise`` or ``/proc/self/maps`` is
+    missing (not Linux)."""
+    try:
+        with open("/proc/self/maps") as f:
+            files = [tuple(int(x, 16) for x in line.split()[0].split("-")) for line in f
+                     if len(line.split()) >= 6 and line.split()[5].startswith("/")]
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except (OSError, ValueError):
+        return 0
+    page, done = mmap.PAGESIZE, 0
+    seen: set[int] = set()
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            continue
+        with contextlib.suppress(RuntimeError, NotImplementedError):
+            storage = t.untyped_storage()
+            start, size = storage.data_ptr(), storage.nbytes()
+            if start in seen or not size:
+                continue
+            seen.add(start)
+            lo, hi = -(-start // page) * page, (start + size) // page * page  # whole pages inside it
+            for a, b in files:
+                a, b = max(a, lo), min(b, hi)
+                if a < b and libc.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), _MADV_PAGEOUT) == 0:
+                    done += b - a
+    return done
 
 
 def element_to_cpu(e: Element) -> Element:

@@ -136,11 +136,13 @@ def _result(request: AlignRequest, pair: Pair, found: Alignment, elements: dict[
     narrowed = {s: g for s, g in searched.items() if searched_problem.spaces[s].group != problem.spaces[s].group}
     rec = record(pair.bound_a, m, elements, narrowed, found, modes, work_dtype)
     rec.meta.update(request.info)
-    cb = narrow_like(pair.b, pair.raw_b) if keep_canonical_b else None
+    # the working copies are the pipeline's own: narrowed entry by entry, not copied whole
+    cb = narrow_like(pair.b, pair.raw_b, in_place=True) if keep_canonical_b else None
+    ca = narrow_like(pair.a, pair.raw_a, in_place=True)
     timings = timer.as_dict()
     timings["total"] = time.perf_counter() - t0
     model_a = request.model_a if isinstance(request.model_a, torch.nn.Module) else None
-    return AlignResult(pair.bound_a, narrow_like(pair.a, pair.raw_a), cb, narrow_like(aligned, pair.raw_b), elements,
+    return AlignResult(pair.bound_a, ca, cb, narrow_like(aligned, pair.raw_b, in_place=True), elements,
                        rec, found.history, timings, found.converged, searched, model_a, m.name,
                        {**found.info, **request.info}, d0, m.canonical or request.canonical_input)
 

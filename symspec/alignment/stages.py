@@ -7,6 +7,7 @@ its endpoints (:func:`endpoints`), embed its elements back into the spec's group
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from ..record import TransformRecord
 from ..solvers import Timer, embed, parse_restriction, restrict_problem
 from ..spec import load_spec
 from ..spec.model import Spec
-from ..statedict import check_finite, detached_state, element_to_cpu, widen
+from ..statedict import check_finite, detached_state, element_to_cpu, release_file_pages, widen
 from ..transforms import apply_elements, canonicalize_state_dict
 from .protocol import Alignment, Endpoint, Method
 from .result import canonical_module, mode_text
@@ -72,18 +73,30 @@ def bind_and_check(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpe
 def canonicalize(pair: Pair, method: Method, timer: Timer, force: bool = False) -> None:
     """Both models in canonical form, float16/bfloat16 widened to float32 (they come back
     in their own dtype); a method that works on raw weights gets them widened only (unless
-    ``force``: B was lifted, and a lift writes canonical form)."""
-    wa, wb = widen(pair.raw_a), widen(pair.raw_b)
+    ``force``: B was lifted, and a lift writes canonical form). One model at a time, and
+    a widened entry a step rewrites is let go as soon as it is replaced, so a model's
+    working copy is held once."""
     if not method.canonical and not force:
-        pair.a, pair.b = wa, wb
+        pair.a, pair.b = widen(pair.raw_a), widen(pair.raw_b)
         return
+    pair.a = _canonical(pair.bound_a, pair.raw_a, timer, "A")
+    pair.b = _canonical(pair.bound_b, pair.raw_b, timer, "B")
+
+
+def _canonical(bound: BoundSpec, raw: Mapping[str, torch.Tensor], timer: Timer, which: str) -> dict[str, torch.Tensor]:
+    work = widen(raw)
+    # weak references: which entries the steps rewrote, without keeping the old ones alive
+    given = {k: weakref.ref(v) for k, v in work.items()}
     with timer("canonicalize"):
-        pair.a = canonicalize_state_dict(pair.bound_a, wa)
-        pair.b = canonicalize_state_dict(pair.bound_b, wb)
+        sd = canonicalize_state_dict(bound, work, in_place=True)
     with timer("check"):
         # the entries canonicalisation rewrote (a finite model can overflow when folded)
-        check_finite({k: v for k, v in pair.a.items() if v is not wa.get(k)}, "A (canonical form)")
-        check_finite({k: v for k, v in pair.b.items() if v is not wb.get(k)}, "B (canonical form)")
+        check_finite({k: v for k, v in sd.items() if k not in given or given[k]() is not v}, f"{which} (canonical form)")
+    # a checkpoint mapped from its file: the pages of what now has a working copy go back
+    # (clean file pages, read again if touched; the caller's values are not changed)
+    kept = {id(v) for v in sd.values()}
+    release_file_pages(v for v in raw.values() if id(v) not in kept)
+    return sd
 
 
 def endpoints(pair: Pair, method: Method, model_a: ModelLike, model_b: ModelLike) -> tuple[Endpoint, Endpoint]:

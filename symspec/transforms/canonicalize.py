@@ -36,9 +36,13 @@ class Canonical(Protocol):
     def canonical(self) -> Sequence[CanonOp]: ...
 
 
-def canonicalize_state_dict(bound: Canonical, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The canonical form of a state dict (a new dict; the input is not modified)."""
-    sd = dict(state_dict)
+def canonicalize_state_dict(bound: Canonical, state_dict: Mapping[str, torch.Tensor], *,
+                            in_place: bool = False) -> dict[str, torch.Tensor]:
+    """The canonical form of a state dict (a new dict; the input is not modified). With
+    ``in_place``, ``state_dict`` (a dict its caller owns) is the one rewritten and returned:
+    its tensors are still never modified, but an entry a step replaces is let go at once,
+    so that a model's old and new values are not both held."""
+    sd = state_dict if in_place and isinstance(state_dict, dict) else dict(state_dict)
     for op in bound.canonical:
         op.impl.apply(op, sd)
     return sd
