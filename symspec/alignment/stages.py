@@ -8,6 +8,7 @@ its endpoints (:func:`endpoints`), embed its elements back into the spec's group
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,10 @@ def bind_and_check(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpe
     with timer("check"):
         check_finite(pair.raw_a, "A")
         check_finite(pair.raw_b, "B")
+    # the check read every page of a checkpoint mapped from its file: give them back until
+    # each entry is copied (clean file pages, read again when touched)
+    release_file_pages(pair.raw_a.values())
+    release_file_pages(pair.raw_b.values())
     return pair
 
 
@@ -84,7 +89,11 @@ def canonicalize(pair: Pair, method: Method, timer: Timer, force: bool = False) 
 
 
 def _canonical(bound: BoundSpec, raw: Mapping[str, torch.Tensor], timer: Timer, which: str) -> dict[str, torch.Tensor]:
-    work = widen(raw)
+    work: dict[str, torch.Tensor] = {}
+    for k, v in raw.items():  # widened entry by entry, each mapped page given back once copied
+        work[k] = widen({k: v})[k]
+        if work[k] is not v:
+            release_file_pages([v])
     # weak references: which entries the steps rewrote, without keeping the old ones alive
     given = {k: weakref.ref(v) for k, v in work.items()}
     with timer("canonicalize"):
@@ -128,10 +137,15 @@ def transform_b(pair: Pair, found: Alignment, elements: Mapping[str, Element]) -
         return apply_elements(problem, {s: element_to_cpu(e) for s, e in elements.items()}, pair.b)
     aligned = dict(pair.b)  # what is left: the entries no space acts on
     tie_of = {n: g for g in problem.ties for n in g}
-    for name in problem.params:
-        rep = next(n for n in tie_of.get(name, (name,)) if n in found.aligned)
-        aligned[name] = found.aligned[rep].to(device=pair.raw_b[name].device, dtype=pair.raw_b[name].dtype)
+    done = dict(found.aligned)
+    reps = {name: next(n for n in tie_of.get(name, (name,)) if n in done) for name in problem.params}
+    left = Counter(reps.values())
     found.aligned = None
+    for name, rep in reps.items():
+        aligned[name] = done[rep].to(device=pair.raw_b[name].device, dtype=pair.raw_b[name].dtype)
+        left[rep] -= 1
+        if not left[rep]:  # its last name: the working copy goes as its stored one comes
+            del done[rep]
     return aligned
 
 
