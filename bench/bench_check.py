@@ -1,7 +1,12 @@
 """Wall time and peak memory of ``symspec check`` on GPT-2-small- and Llama-shaped models.
 
     python -m bench.bench_check [--samples 3] [--repeats 1] [--cases gpt2-small,llama-125m]
-                                [--dtypes float64 float64,float32] [--out bench/results/check.json]
+                                [--dtypes float64 float64,float32] [--modes local,whole]
+                                [--out bench/results/check.json]
+
+``--modes``: the default check (``local``: each space on the blocks it acts on, one block
+at a time, :mod:`symspec.checker.local`) and the whole-model one (``whole``:
+``symspec check --whole``), side by side.
 
 Each measurement runs ``symspec.check`` (what ``symspec check`` calls) on a model built
 from a config with random weights (nothing downloads), in a fresh subprocess, so that
@@ -71,7 +76,7 @@ def build(case: str) -> tuple[Any, dict[str, Any]]:
     return model.eval(), inputs
 
 
-def measure(case: str, dtypes: list[str], samples: int) -> dict[str, Any]:
+def measure(case: str, dtypes: list[str], samples: int, mode: str = "local") -> dict[str, Any]:
     """One measurement, in this process (the parent runs it in a fresh one)."""
     import torch
 
@@ -87,13 +92,14 @@ def measure(case: str, dtypes: list[str], samples: int) -> dict[str, Any]:
     load = os.getloadavg()[0]
     cpu0 = time.process_time()
     start = time.perf_counter()
-    report = check(model, spec, inputs, samples=samples, dtypes=dtypes)
+    report = check(model, spec, inputs, samples=samples, dtypes=dtypes, whole=mode == "whole")
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu0
     peak = status_kb("VmHWM")
     grown = (peak - rss_before) * 1024
     return {
         "case": case,
+        "mode": mode,
         "spec": spec.name,
         "dtypes": dtypes,
         "samples": samples,
@@ -122,19 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default=str(RESULTS / "check.json"))
     ap.add_argument("--passive", action="store_true", help="run with OMP_WAIT_POLICY=PASSIVE (for shared machines)")
-    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: CASE:DTYPES, run in this process
+    ap.add_argument("--modes", default="local,whole", help="comma-separated: local (the default check, block by block), whole (--whole)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: CASE:DTYPES:MODE, run in this process
     args = ap.parse_args(argv)
 
     if args.one:
-        case, dts = args.one.split(":")
-        print(json.dumps(measure(case, dts.split(","), args.samples)))
+        case, dts, mode = args.one.split(":")
+        print(json.dumps(measure(case, dts.split(","), args.samples, mode)))
         return 0
 
     runs: list[dict[str, Any]] = []
     for case in args.cases.split(","):
-        for dts in args.dtypes:
+        for dts, mode in ((d, m) for d in args.dtypes for m in args.modes.split(",")):
             for rep in range(args.repeats):
-                cmd = [*module_command(__file__), "--one", f"{case}:{dts}", "--samples", str(args.samples)]
+                cmd = [*module_command(__file__), "--one", f"{case}:{dts}:{mode}", "--samples", str(args.samples)]
                 env = {**os.environ, "PYTHONWARNINGS": "ignore", **({"OMP_WAIT_POLICY": "PASSIVE"} if args.passive else {})}
                 out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
                 if out.returncode:
@@ -143,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 r["repeat"] = rep
                 runs.append(r)
-                print(f"{case:<11} {dts:<16} {r['wall_s']:>7.1f} s (cpu {r['cpu_s']:>6.1f} s)  peak +{r['check_peak_mb']:>7.0f} MB = {r['x_model']:>4.2f}x model "
+                print(f"{case:<11} {dts:<16} {mode:<6} {r['wall_s']:>7.1f} s (cpu {r['cpu_s']:>6.1f} s)  peak +{r['check_peak_mb']:>7.0f} MB = {r['x_model']:>4.2f}x model "
                       f"({r['model_mb']:.0f} MB)  passed={r['passed']}  load {r['load_avg_1m']}", flush=True)
     best: dict[str, dict[str, Any]] = {}
     for r in runs:
-        key = f"{r['case']}:{','.join(r['dtypes'])}"
+        key = f"{r['case']}:{','.join(r['dtypes'])}" + ("" if r.get("mode", "local") == "local" else f":{r['mode']}")
         if key not in best or r["wall_s"] < best[key]["wall_s"]:
             best[key] = r
     targets: dict[str, dict[str, Any]] = {"gpt2-small:float64": {"wall_s": 30, "x_model": 4}}

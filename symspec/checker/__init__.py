@@ -14,11 +14,16 @@ Float64 means float64 throughout: models that cast to float32 internally (Huggin
 Face's RMSNorm, eager softmax) are run with those casts kept in float64
 (:class:`symspec.precision.KeepFloat64`), and the report says where they were.
 
-Memory: the check works on one float64 copy of the model, canonicalised and transformed
-in place (plus a float32 mirror when float32 is checked); see :mod:`symspec.checker.inplace`.
+Memory: by default the check is local (:mod:`symspec.checker.local`): the model stays in
+its own dtype, and each space's samples run the blocks (layers) it acts on, one block at
+a time upcast, canonicalised and transformed in the checked precision, on the inputs
+recorded from one pass (:mod:`symspec.checker.blocks`). With ``whole=True`` the check
+works on one float64 copy of the whole model, canonicalised and transformed in place
+(plus a float32 mirror when float32 is checked); see :mod:`symspec.checker.inplace`.
 
 The package: :mod:`~symspec.checker.run` (``check``), :mod:`~symspec.checker.report` (rows
 and the report), :mod:`~symspec.checker.inplace` (the working copies, moved in place),
+:mod:`~symspec.checker.local` and :mod:`~symspec.checker.blocks` (the local check),
 :mod:`~symspec.checker.canonical` (the canonicalisation step by step) and
 :mod:`~symspec.checker.forward` (running a model and comparing its outputs).
 """
