@@ -162,3 +162,28 @@ def test_universe_convergence_ignores_a_gain_within_rounding_noise() -> None:
     # negative case: a gain above it is progress
     assert not _converged([prev, prev - 2 * noise], tol=0.0, floor=0.0, noise=noise)
 
+
+
+def test_orthogonal_static_stats_need_no_float64_gram() -> None:
+    """An orthogonal action's exact statistics keep the Gram matrix in float32 and
+    ``||b||^2`` in float64 (``<F G, F> = ||b||^2 + <G, F^T F - I>``): the objective at a
+    planted float32 element is the float64 distance within its error bound, like the
+    full float64 statistics'; ``||b||^2`` alone in place of ``<F G, F>`` (the negative
+    case) is off by far more than that bound."""
+    from symspec.solvers.engine.rounding import exact_stats
+
+    gen = torch.Generator().manual_seed(3)
+    n, m = 32, 3000
+    f = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))[0].float()
+    b = torch.randn(m, n, generator=gen).mT  # an embedding's segment: a transposed view
+    a = f @ b
+    f64 = f.double()
+    true = 2.0 * float((a.double() - f64 @ b.double()).square().sum())
+    full, orth = exact_stats(a, b, 2.0), exact_stats(a, b, 2.0, orthogonal=True)
+    assert orth.b_sq is not None and full.b_sq is None
+    for stats in (full, orth):
+        v, err = stats.objective(f64)
+        assert abs(v - true) <= err
+        assert err < 1e-9 * stats.a_sq
+    lin = float((f64 * orth.cross).sum())
+    assert abs(orth.a_sq - 2 * lin + orth.b_sq - true) > 100 * orth.objective(f64)[1]

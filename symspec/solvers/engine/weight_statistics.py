@@ -173,7 +173,8 @@ class WeightStatistics:
             b = segment(self.problem, self.b0[p], inc, self.elements)
             w = self.weight[p]
             if exact:
-                ex = self.exact[inc] = exact_stats(a, b, w)
+                orthogonal = self.problem.spaces[s].group.is_orthogonal(inc.factor.path) and inc.factor.variance != "abs"
+                ex = self.exact[inc] = exact_stats(a, b, w, orthogonal)
                 self.static_terms[inc] = StatTerm(
                     inc.factor.path, inc.factor.variance, ex.cross.to(dt), ex.gram.to(dt), ex.rows_sq.to(dt),
                     gram_a=functools.partial(_weighted_gram, a, w))
