@@ -197,3 +197,18 @@ def test_a_model_without_a_stack_of_layers_is_checked_whole_and_still_fails_a_wr
     assert good.passed and any("no stack of layers" in n for n in good.notes)
     wrong = _agree(model, loads_spec(_TIED_SPEC.format(group="O(f)"), "tied.yaml"), tokens)
     assert {r.space for r in wrong.failed_rows()} == {"ff[*]", "all"}
+
+
+def test_a_forward_set_on_a_block_instance_is_called_and_kept() -> None:
+    model, tokens = _TiedByHand(n=2), torch.tensor([[1, 2, 3, 4]])
+    layer = model.layers[1]
+    seen: list[int] = []
+
+    def hooked(x: torch.Tensor) -> torch.Tensor:  # as accelerate's hooks wrap a module's forward
+        seen.append(1)
+        return type(layer).forward(layer, x)
+
+    layer.forward = hooked  # type: ignore[method-assign]
+    # (the whole check's deep copy would call the original layer: local only)
+    assert check(model, loads_spec(_TIED_SPEC.format(group="S(f)"), "tied.yaml"), tokens, samples=1).passed
+    assert seen and layer.forward is hooked

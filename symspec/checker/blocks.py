@@ -199,6 +199,7 @@ class Streamed:
         self._kept.clear()
         self._original = {id(e): e.get() for es in [*self.entries, self.rest] for e in es}
         self._memo: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._own: dict[int, Any] = {}
         self._ph: dict[torch.dtype, list[torch.Tensor]] = {}
         self._ph_dtype: torch.dtype | None = None
         self._baton = _Baton(len(lanes))
@@ -206,6 +207,8 @@ class Streamed:
             self.model.eval()
             for k, (_, block) in enumerate(self.blocks):
                 if block is not self.model:
+                    # a forward set on the instance (accelerate's hooks) is kept, called and put back
+                    self._own[k] = block.__dict__.get("forward")
                     block.forward = self._wrap(k, block)  # type: ignore[method-assign]
             if len(lanes) == 1:
                 self._lane_pass(0, lanes[0], inputs)
@@ -222,6 +225,9 @@ class Streamed:
         finally:
             for _, block in self.blocks:
                 block.__dict__.pop("forward", None)
+            for k, own in self._own.items():
+                if own is not None:
+                    self.blocks[k][1].forward = own  # type: ignore[method-assign]
             self._kept.clear()
             self._memo.clear()
             for es in [*self.entries, self.rest]:
@@ -292,7 +298,8 @@ class Streamed:
         try:
             for e, v in zip(mine, self._values(lane.values, mine, lane.dtype)):
                 e.put(v)
-            out = type(block).forward(block, *args, **kwargs)
+            own = self._own.get(k)
+            out = own(*args, **kwargs) if own is not None else type(block).forward(block, *args, **kwargs)
         finally:
             for e, p in zip(mine, saved):
                 e.put(p)
