@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,22 @@ def one(case: str, method: str, device: str, a: Any, b: Any, spec: str, args: ar
     return row
 
 
+def guarded(case: str, method: str, device: str, a: Any, b: Any, spec: str, args: argparse.Namespace,
+            tf32: bool) -> dict[str, Any]:
+    """:func:`one`, or a row with the error (the GPU path is what is under test: one case's
+    failure must not lose the others' rows)."""
+    try:
+        return one(case, method, device, a, b, spec, args, tf32)
+    except Exception as e:  # reported in the row and on stderr, and the run goes on
+        traceback.print_exc()
+        print(f"{case:>12} {method:>8} {device:>10}: failed: {type(e).__name__}: {e}", flush=True)
+        return {"case": case, "method": method, "device": device + ("+tf32" if tf32 else ""),
+                "error": f"{type(e).__name__}: {e}"[:2000]}
+    finally:
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+
 def compare(rows: list[dict[str, Any]]) -> None:
     """Each GPU weight-matching row gets its recovery over the CPU's (same case, full rounds)."""
     cpu = {r["case"]: r["recovery"] for r in rows if r["device"] == "cpu" and "recovery" in r and not r.get("shortened")}
@@ -170,12 +187,12 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:
             if method == "learned" and spec == "mixtral":
                 continue  # its vocabulary (97) is below the text's tokenizer's
-            for device in devices:
-                doc["rows"].append(one(case, method, device, a, b, spec, args))
-                compare(doc["rows"])
-                write_results(args.out, doc)
+            runs = [(device, False) for device in devices]
             if method == "weight" and args.tf32 and "cuda" in devices:
-                doc["rows"].append(one(case, method, "cuda", a, b, spec, args, tf32=True))
+                runs.append(("cuda", True))
+            for device, tf32 in runs:
+                doc["rows"].append(guarded(case, method, device, a, b, spec, args, tf32))
+                compare(doc["rows"])
                 write_results(args.out, doc)
         del a, b
     return 0

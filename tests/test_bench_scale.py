@@ -82,3 +82,18 @@ def test_the_gpu_script_says_no_cuda_or_runs_its_cpu_half(tmp_path: Path, capsys
     assert bench_gpu.main(["--cpu-only", "--cases", "experts-16", "--methods", "weight", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["device"] == "cpu" and row["method"] == "weight" and row["recovery"] < 1e-5
+
+
+def test_a_failing_gpu_case_is_a_row_and_the_run_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    import symspec
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    monkeypatch.setattr(symspec, "align", fails)
+    out = tmp_path / "gpu.json"
+    assert bench_gpu.main(["--cpu-only", "--cases", "experts-16", "experts-16", "--methods", "weight",
+                           "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 and all(r["error"] == "RuntimeError: Expected all tensors to be on the same device" for r in rows)
