@@ -90,10 +90,15 @@ def canonicalize(pair: Pair, method: Method, timer: Timer, force: bool = False) 
 
 def _canonical(bound: BoundSpec, raw: Mapping[str, torch.Tensor], timer: Timer, which: str) -> dict[str, torch.Tensor]:
     work: dict[str, torch.Tensor] = {}
-    for k, v in raw.items():  # widened entry by entry, each mapped page given back once copied
+    copied: list[torch.Tensor] = []
+    for k, v in raw.items():  # widened entry by entry, mapped pages given back every 64 MiB copied
         work[k] = widen({k: v})[k]
         if work[k] is not v:
-            release_file_pages([v])
+            copied.append(v)
+        if sum(t.nbytes for t in copied) >= 1 << 26:
+            release_file_pages(copied)
+            copied.clear()
+    release_file_pages(copied)
     # weak references: which entries the steps rewrote, without keeping the old ones alive
     given = {k: weakref.ref(v) for k, v in work.items()}
     with timer("canonicalize"):
