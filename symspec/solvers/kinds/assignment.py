@@ -8,6 +8,8 @@ CPU with scipy (exact; batched GPU assignment is rarely faster, DESIGN §3).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
@@ -160,7 +162,7 @@ def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor |
             c, g, var = t.cross(), t.gram_diag(), t.inner_variance or "co"
             scaled = True
         elif t.role == "inner":
-            c, g, var = torch.diagonal(t.cross(), dim1=-2, dim2=-1).unsqueeze(-2), t.gram_diag(), t.variance
+            c, g, var = t.cross_diag().unsqueeze(-2), t.gram_diag(), t.variance
         else:
             continue
         got = sides.get(var)
@@ -168,11 +170,31 @@ def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor |
     if not scaled:
         return outer
     ref = next(t.cross() for t in terms if t.role == "pair")
-    n_rows = ref.shape[-2]
-    rows = max(1, SCORE_CHUNK_ELEMENTS // max(1, ref[..., :1, :].numel()))
     score = torch.empty(ref.shape, dtype=ref.dtype, device=ref.device)
+    rows = max(1, SCORE_CHUNK_ELEMENTS // max(1, ref[..., :1, :].numel()))
+    starts = list(range(0, ref.shape[-2], rows))
+    workers = min(torch.get_num_threads(), SCORE_WORKERS, len(starts)) if ref.device.type == "cpu" else 1
+    if workers > 1:
+        # chunks this small run on one core each (below torch's grain): the other cores
+        # take every k-th chunk (the kernels release the GIL)
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda k: _score_chunks(sides, inner.positive_only, score, starts[k::workers], rows), range(workers)))
+    else:
+        _score_chunks(sides, inner.positive_only, score, starts, rows)
+    if outer is not None and outer.dtype == score.dtype and outer.shape == score.shape:
+        return score.add_(outer)
+    return score if outer is None else outer + score
+
+
+#: threads that compute a CPU pair score's chunks (at most torch's thread count)
+SCORE_WORKERS = 4
+
+
+def _score_chunks(sides: dict[str, tuple[torch.Tensor | float, torch.Tensor | float]], positive: bool, score: torch.Tensor,
+                  starts: list[int], rows: int) -> None:
+    """The pair score's rows ``r0:r0 + rows`` for every r0 in ``starts``, into ``score``."""
     work = smooth.ScaleWork()
-    for r0 in range(0, n_rows, rows):
+    for r0 in starts:
         coef: dict[str, torch.Tensor | float] = {}
         for var, key in (("co", "co"), ("contra", "ct"), ("abs", "ab")):
             got = sides.get(var)
@@ -183,10 +205,7 @@ def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor |
             assert isinstance(c, torch.Tensor) and isinstance(g, torch.Tensor)
             coef[f"c_{key}"] = c[..., r0 : r0 + rows, :] if c.shape[-2] > 1 else c
             coef[f"g_{key}"] = g.unsqueeze(-2)
-        score[..., r0 : r0 + rows, :] = smooth.best_scale_value(coef, inner.positive_only, work)
-    if outer is not None and outer.dtype == score.dtype and outer.shape == score.shape:
-        return score.add_(outer)
-    return score if outer is None else outer + score
+        score[..., r0 : r0 + rows, :] = smooth.best_scale_value(coef, positive, work)
 
 
 def scales_given(perm: torch.Tensor, terms: list[Term], inner: Group, e_diag: Element, ctx: SolveContext) -> Element:
