@@ -75,14 +75,17 @@ def named_tensors(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> tuple[
     return tensors, ties
 
 
-def bind(spec: Spec, model: torch.nn.Module | Mapping[str, torch.Tensor], *, config: Any = None,
+def bind(spec: Spec | str, model: torch.nn.Module | Mapping[str, torch.Tensor], *, config: Any = None,
          example_inputs: Any = None, trace: bool = False) -> BoundSpec:
-    """Bind ``spec`` to a model (or a state dict plus its ``config``).
+    """Bind ``spec`` (a Spec, a spec file or a built-in name) to a model (or a state dict
+    plus its ``config``).
 
     With ``trace=True`` and example inputs, the model is traced into a graph
     (:func:`symspec.graph.trace`) and the activation sites of each space are recorded on
     the problem (:attr:`~symspec.problem.Problem.sites`).
     """
+    if not isinstance(spec, Spec):
+        spec = load_spec(str(spec))
     b = _Binding(spec, _Model.of(model, config))
     dims = b.dimensions()
     groups = b.groups(dims)

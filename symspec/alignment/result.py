@@ -149,10 +149,14 @@ def canonical_module(bound: BoundSpec, model: torch.nn.Module, state: Mapping[st
     # Fresh (uninitialised) storage only for what ``state`` overwrites: a buffer in no
     # state dict (rotary frequencies, Gemma's embedding scale) is copied as it is, else it
     # would stay uninitialised memory.
-    written = {id(t) for k, t in model.state_dict(keep_vars=True).items() if k in state}
+    # The fresh storage takes the dtype of the weights written into it (a bfloat16 model's
+    # float32 working copy stays float32: a copy in the stored dtype would round the
+    # weights, and a graph traced from it would cast activations back to bfloat16).
+    written = {id(t): state[k].dtype for k, t in model.state_dict(keep_vars=True).items()
+               if k in state and state[k].is_floating_point()}
     for t in itertools.chain(model.parameters(), model.buffers()):
         if t.is_floating_point() and id(t) in written and id(t) not in memo:
-            empty = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            empty = torch.empty(t.shape, dtype=written[id(t)], device=t.device)
             memo[id(t)] = torch.nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
     out = copy.deepcopy(model, memo)
     if canonical:
