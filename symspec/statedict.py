@@ -42,9 +42,22 @@ def widen(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: (v.float() if v.dtype in LOW_PRECISION else v) for k, v in sd.items()}
 
 
+#: entries per float64 piece of :func:`squared_distance` (32 MiB): an embedding is never
+#: copied whole into float64
+DISTANCE_CHUNK = 1 << 22
+
+
 def squared_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], names: Iterable[str]) -> float:
-    """sum over ``names`` of ||a - b||^2, accumulated in float64 (never negative)."""
-    return float(sum(float((a[p].double() - b[p].double()).square().sum()) for p in names))
+    """sum over ``names`` of ||a - b||^2, accumulated in float64 (never negative), in
+    pieces of :data:`DISTANCE_CHUNK` entries (an entry at most that large: in one piece).
+    A one-element entry of ``b`` (a scalar zero) is broadcast."""
+    total = 0.0
+    for p in names:
+        x, y = a[p].reshape(-1), b[p].reshape(-1)
+        for i in range(0, max(x.numel(), 1), DISTANCE_CHUNK):
+            piece = y if y.numel() == 1 else y[i : i + DISTANCE_CHUNK]
+            total += float((x[i : i + DISTANCE_CHUNK].double() - piece.double()).square().sum())
+    return total
 
 
 def interpolate_state_dicts(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], alpha: float,

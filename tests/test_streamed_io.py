@@ -216,3 +216,18 @@ def test_align_leaves_the_callers_bfloat16_module_unchanged(pair: tuple[Path, Pa
     after = lb.state_dict()
     assert all(after[k].dtype == torch.bfloat16 and torch.equal(after[k], v) for k, v in before.items())
     assert {v.dtype for v in res.aligned_b.values() if v.is_floating_point()} == {torch.bfloat16}
+
+
+def test_squared_distance_in_pieces_equals_the_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    import symspec.statedict as sd
+
+    g = torch.Generator().manual_seed(0)
+    a = {"w": torch.randn(5, 9, generator=g), "v": torch.randn(3, generator=g, dtype=torch.float64).to(torch.bfloat16)}
+    b = {"w": torch.randn(5, 9, generator=g), "v": torch.randn(3, generator=g).to(torch.bfloat16)}
+    zero = dict.fromkeys(a, torch.zeros((), dtype=torch.float64))
+    whole = sum(float((a[k].double() - b[k].double()).square().sum()) for k in a)
+    norm = sum(float(a[k].double().square().sum()) for k in a)
+    monkeypatch.setattr(sd, "DISTANCE_CHUNK", 7)  # pieces smaller than an entry
+    assert sd.squared_distance(a, b, a) == pytest.approx(whole, rel=1e-14)
+    assert sd.squared_distance(a, zero, a) == pytest.approx(norm, rel=1e-14)  # a scalar zero, broadcast
+    assert sd.squared_distance(a, b, a) != pytest.approx(whole + 1e-6, rel=1e-14)  # the oracle can fail
