@@ -356,7 +356,7 @@ def group_max(kind: str, c: torch.Tensor) -> float:
     rounding (n^2 eps ||C||_F), so an upper bound."""
     n = c.shape[0]
     if kind == "perm":
-        rows, cols = linear_sum_assignment(c.numpy(), maximize=True)
+        rows, cols = linear_sum_assignment(c.cpu().numpy(), maximize=True)
         best = float(c[torch.as_tensor(rows), torch.as_tensor(cols)].sum())
     else:
         best = float(torch.linalg.svdvals(c).sum())
@@ -367,7 +367,7 @@ def group_argmax(kind: str, c: torch.Tensor) -> torch.Tensor:
     """The element M maximising ``<c, M>``: a permutation matrix (the assignment) for
     ``kind`` "perm", else the orthogonal polar factor U V^T."""
     if kind == "perm":
-        rows, cols = linear_sum_assignment(c.numpy(), maximize=True)
+        rows, cols = linear_sum_assignment(c.cpu().numpy(), maximize=True)
         m = torch.zeros_like(c)
         m[torch.as_tensor(rows), torch.as_tensor(cols)] = 1.0
         return m

@@ -74,9 +74,9 @@ def semiperm_assignment(cost: torch.Tensor, method: str = "exact") -> Assignment
 
 
 def _first_copies(c: torch.Tensor) -> torch.Tensor:
-    rows, cols = linear_sum_assignment(c.numpy())
+    rows, cols = linear_sum_assignment(c.cpu().numpy())  # scipy reads host memory; c may be on a GPU
     owner = c.argmin(1)
-    owner[torch.as_tensor(rows)] = torch.as_tensor(cols)
+    owner[torch.as_tensor(rows, device=c.device)] = torch.as_tensor(cols, device=c.device)
     return owner
 
 
@@ -96,7 +96,7 @@ def _lp(c: torch.Tensor) -> Assignment:
 
     na, nb = c.shape
     x = cp.Variable((na, nb), nonneg=True)
-    problem = cp.Problem(cp.Minimize(cp.sum(cp.multiply(c.numpy(), x))),
+    problem = cp.Problem(cp.Minimize(cp.sum(cp.multiply(c.cpu().numpy(), x))),
                          [cp.sum(x, axis=1) == 1, cp.sum(x, axis=0) >= 1, x <= 1])
     solver = next((s for s in ("HIGHS", "CLARABEL", "SCS") if s in cp.installed_solvers()), None)
     if solver is None:
@@ -104,7 +104,7 @@ def _lp(c: torch.Tensor) -> Assignment:
     solve(problem, solver)  # Ctrl-C inside SCS is KeyboardInterrupt, not a failed solve
     if x.value is None:
         raise RuntimeError(f"the LP relaxation did not solve ({problem.status})")
-    sol = torch.as_tensor(x.value)
+    sol = torch.as_tensor(x.value, device=c.device)
     owner = sol.argmax(1)
     if not covers(owner, nb):  # a fractional optimum (ties): round by the exact method on its support
         owner = _exact(c + (sol < 1e-6).double() * (c.abs().max() + 1)).owner
