@@ -189,6 +189,41 @@ def _label(r: dict[str, Any]) -> str:
     return f"{r['groups']} w{r.get('lap_workers', 1)}" + ("" if r.get("overlap", True) else "-")
 
 
+def exact_stats_cost(widths: list[int], vocab: int, repeat: int = 3) -> list[dict[str, Any]]:
+    """CPU seconds (one thread, best of ``repeat``) of a static embedding term's statistics
+    (``[width, vocab]``, a transposed view as an embedding's segment is): the float32 cross
+    weight matching computed before its float64 objective terms (commit 0b14cdc), and
+    ``exact_stats`` for an orthogonal action (float64 cross, Gram in float32) and for a
+    dense one (both in float64)."""
+    import functools
+
+    import torch
+
+    from symspec.solvers.engine.rounding import exact_stats
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows = []
+    try:
+        for d in widths:
+            gen = torch.Generator().manual_seed(d)
+            a, b = torch.randn(vocab, d, generator=gen).mT, torch.randn(vocab, d, generator=gen).mT
+            fns: dict[str, Any] = {"float32_cross": functools.partial(torch.matmul, a, b.mT),
+                                   "exact_orthogonal": functools.partial(exact_stats, a, b, 1.0, orthogonal=True),
+                                   "exact_dense": functools.partial(exact_stats, a, b, 1.0)}
+            best: dict[str, float] = {}
+            for _ in range(repeat):
+                for k, f in fns.items():
+                    c0 = cpu_seconds()
+                    f()
+                    best[k] = min(best.get(k, float("inf")), cpu_seconds() - c0)
+            rows.append({"width": d, "vocab": vocab, "cpu_seconds": best})
+            print(f"width {d}, vocab {vocab}: " + ", ".join(f"{k} {v:.2f} s" for k, v in best.items()), flush=True)
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
 def _print_table(results: list[dict[str, Any]], scaling: dict[str, Any] | None) -> None:
     head = (f"{'case':<12} {'pair':<12} {'groups':<9} {'rounds':>6} {'total s':>8} {'s/round':>8} {'floor s':>8} "
             f"{'x floor':>7} {'peak x':>7} {'rel. obj':>9} {'cores':>5} {'load':>5}")
@@ -230,7 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--quick", action="store_true", help="tiny and small only, no layer sweep")
     ap.add_argument("--out", default=str(RESULTS / "match.json"))
+    ap.add_argument("--exact-stats", default="", help="widths (e.g. 384,768): time a 50257-token embedding's "
+                    "exact statistics only, write them to --out")
     args = ap.parse_args(argv)
+    if args.exact_stats:
+        rows = exact_stats_cost([int(w) for w in args.exact_stats.split(",")], 50257)
+        write_results(Path(args.out), {"benchmark": "exact static statistics of an embedding (CPU seconds, one thread)",
+                                       "command": command_line(__file__, argv), "rows": rows})
+        return 0
     if args.case:
         print(json.dumps(run_case(json.loads(args.case))))
         return 0
