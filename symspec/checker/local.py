@@ -27,6 +27,7 @@ from ..precision import KeepFloat64
 from ..problem import ParamBinding, Problem
 from ..transforms import transform_tensor
 from .blocks import Lane, Recording, Streamed, Values
+from .canonical import _value_steps
 from .forward import DTYPES, compare, flatten_outputs
 
 #: canonical values kept between passes when at most this many entries (norm gains, biases)
@@ -53,7 +54,9 @@ class Weights:
     def __init__(self, bound: BoundSpec, original: Mapping[str, torch.Tensor]) -> None:
         self.problem: Problem = bound.problem
         self.original = original
-        self.ops: list[CanonOp] = [op for op in bound.canonical if op.impl.rewrites_values]
+        # in the pieces check() applies (a centring, one writer at a time): a block's closure
+        # holds the writers it reads, not every layer's
+        self.ops: list[CanonOp] = _value_steps(bound.canonical)
         self.touch = [set(_names_in(dict(op.args))) & set(original) for op in self.ops]
         self.twins: dict[str, tuple[str, ...]] = {n: g for g in self.problem.ties for n in g}
         self.cache: dict[str, torch.Tensor] = {}
