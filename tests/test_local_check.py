@@ -162,6 +162,7 @@ def test_a_weight_read_between_blocks_is_held_for_the_pass() -> None:
     local = LocalModels(model, bound, tokens, ["float64"], exact64=True)
     local.record()
     assert local.streamed.glue == {"emb.weight"}
+    assert any("emb.weight read outside the model's blocks" in n for n in check(model, good, tokens, samples=1).notes)
     # negative case: ReLU does not commute with a rotation of its units
     wrong = loads_spec(_TIED_SPEC.format(group="O(f)"), "tied.yaml")
     assert {r.space for r in _agree(model, wrong, tokens).failed_rows()} == {"ff[*]", "all"}

@@ -118,6 +118,10 @@ def _check_local(local: LocalModels, model: torch.nn.Module, bound: BoundSpec, i
     del ref
     if local.streamed.blocks[0][1] is model:
         report.notes.append("local check: no stack of layers found, so each space was checked on the whole model")
+    elif local.streamed.glue or local.streamed.rest:
+        held = sorted(local.streamed.glue | {e.name for e in local.streamed.rest})
+        report.notes.append(f"local check: {', '.join(held[:4])}{' and more' if len(held) > 4 else ''} "
+                            "read outside the model's blocks: held for whole passes, and a space acting on them is checked on the whole model")
     run = LocalRun(bound.problem, local, dtypes, tol, say, **opts)
     report.rows.extend(run.rows(declared))
     return report
