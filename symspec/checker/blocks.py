@@ -213,7 +213,8 @@ class Streamed:
             if len(lanes) == 1:
                 self._lane_pass(0, lanes[0], inputs)
             else:
-                threads = [threading.Thread(target=self._lane_pass, args=(i, lane, inputs)) for i, lane in enumerate(lanes)]
+                # daemons: an interrupt (Ctrl-C in the caller's thread) does not wait for the lanes
+                threads = [threading.Thread(target=self._lane_pass, args=(i, lane, inputs), daemon=True) for i, lane in enumerate(lanes)]
                 for t in threads:
                     t.start()
                 for t in threads:
