@@ -8,6 +8,7 @@ CPU with scipy (exact; batched GPU assignment is rarely faster, DESIGN §3).
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -173,10 +174,11 @@ def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor |
     score = torch.empty(ref.shape, dtype=ref.dtype, device=ref.device)
     rows = max(1, SCORE_CHUNK_ELEMENTS // max(1, ref[..., :1, :].numel()))
     starts = list(range(0, ref.shape[-2], rows))
-    workers = min(torch.get_num_threads(), SCORE_WORKERS, len(starts)) if ref.device.type == "cpu" else 1
+    workers = min(_cores(), SCORE_WORKERS, len(starts)) if ref.device.type == "cpu" else 1
     if workers > 1:
-        # chunks this small run on one core each (below torch's grain): the other cores
-        # take every k-th chunk (the kernels release the GIL)
+        # chunks this small run on one core each (below torch's grain, and the solvers run
+        # with one torch thread): the other cores take every k-th chunk (the kernels
+        # release the GIL; each chunk's result is the same whichever thread computes it)
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(lambda k: _score_chunks(sides, inner.positive_only, score, starts[k::workers], rows), range(workers)))
     else:
@@ -186,8 +188,16 @@ def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor |
     return score if outer is None else outer + score
 
 
-#: threads that compute a CPU pair score's chunks (at most torch's thread count)
+#: threads that compute a CPU pair score's chunks (at most the cores this process may use)
 SCORE_WORKERS = 4
+
+
+def _cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _score_chunks(sides: dict[str, tuple[torch.Tensor | float, torch.Tensor | float]], positive: bool, score: torch.Tensor,
