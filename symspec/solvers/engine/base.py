@@ -265,11 +265,11 @@ class DataTerm(Term):
 
     def _cross(self) -> torch.Tensor:
         if self.fold:
-            cc = _sum(p.weight * (p.a @ p.c.mT) for p in self.pieces)
+            cc = _sum(_weighted(p.weight, p.a @ p.c.mT) for p in self.pieces)
             return self.undo(cc.mT).mT
         if len(self.pieces) > 1 and all(p.a.ndim == 2 for p in self.pieces):
             return _sum(self._fused_cross(group) for group in _fuse_groups(self.pieces))
-        return _sum(p.weight * (p.a @ self.b(k).mT) for k, p in enumerate(self.pieces))
+        return _sum(_weighted(p.weight, p.a @ self.b(k).mT) for k, p in enumerate(self.pieces))
 
     def _fused_cross(self, pieces: list[Piece]) -> torch.Tensor:
         """sum w a b^T over pieces as one product of their side-by-side concatenations:
@@ -278,7 +278,7 @@ class DataTerm(Term):
         [f, d] x [d, f] ones on 2 cores)."""
         if len(pieces) == 1:
             p = pieces[0]
-            return p.weight * (p.a @ self.undo(p.c).mT)
+            return _weighted(p.weight, p.a @ self.undo(p.c).mT)
         a = torch.cat([p.a for p in pieces], -1)
         col = 0
         for p in pieces:
@@ -290,9 +290,9 @@ class DataTerm(Term):
 
     def _gram(self) -> torch.Tensor:
         if self.fold:
-            gc = _sum(p.weight * (p.c @ p.c.mT) for p in self.pieces)
+            gc = _sum(_weighted(p.weight, p.c @ p.c.mT) for p in self.pieces)
             return self.undo(self.undo(gc).mT).mT
-        return _sum(p.weight * (self.b(k) @ self.b(k).mT) for k, p in enumerate(self.pieces))
+        return _sum(_weighted(p.weight, self.b(k) @ self.b(k).mT) for k, p in enumerate(self.pieces))
 
     def _gram_diag(self) -> torch.Tensor:
         if self.fold:
@@ -306,21 +306,21 @@ class DataTerm(Term):
         for k, p in enumerate(self.pieces):
             b = self.b(k)
             bb = b.reshape(*b.shape[:-2], b.shape[-2] // size, size, b.shape[-1])
-            out.append(p.weight * (bb @ bb.mT))
+            out.append(_weighted(p.weight, bb @ bb.mT))
         return _sum(out)
 
     def _rows_sq(self) -> torch.Tensor:
         return _sum(p.weight * torch.linalg.vector_norm(p.a, dim=-1).square() for p in self.pieces)
 
     def _gram_a(self) -> torch.Tensor:
-        return _sum(p.weight * (p.a @ p.a.mT) for p in self.pieces)
+        return _sum(_weighted(p.weight, p.a @ p.a.mT) for p in self.pieces)
 
     def gram_a_blocks(self, size: int) -> torch.Tensor:
         def blocks() -> torch.Tensor:
             out = []
             for p in self.pieces:
                 aa = p.a.reshape(*p.a.shape[:-2], p.a.shape[-2] // size, size, p.a.shape[-1])
-                out.append(p.weight * (aa @ aa.mT))
+                out.append(_weighted(p.weight, aa @ aa.mT))
             return _sum(out)
 
         return self._cached(("gram_a_blocks", size), blocks)
@@ -344,6 +344,11 @@ def _fuse_groups(pieces: list[Piece]) -> list[list[Piece]]:
             groups.append([p])
             width = m
     return groups
+
+
+def _weighted(w: float, x: torch.Tensor) -> torch.Tensor:
+    """``w x``, without a pass over (and a fresh copy of) an n x n product when w is 1."""
+    return x if w == 1.0 else w * x
 
 
 def _sum(xs: Any) -> torch.Tensor:
