@@ -11,7 +11,6 @@ and the checker: one implementation each.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import mmap
@@ -122,37 +121,67 @@ def storage_key(t: torch.Tensor) -> tuple[object, ...]:
 _MADV_PAGEOUT = 21
 
 
-def release_file_pages(tensors: Iterable[torch.Tensor]) -> int:
-    """Let the kernel take back the resident pages of tensors that are memory-mapped views
-    of a file (a checkpoint transformers or safetensors mapped instead of reading it),
-    once they have been read into working copies: they are clean copies of the file, read
-    again from it if ever touched, so no value changes and nothing is written. Memory that
-    is not a file's (a tensor of its own, or a page written since it was mapped) is left
-    as it is. Returns the bytes advised; 0 where ``madvise`` or ``/proc/self/maps`` is
-    missing (not Linux)."""
+def _file_ranges() -> list[tuple[int, int]] | None:
+    """The address ranges this process maps from files (None: no ``/proc/self/maps``)."""
     try:
         with open("/proc/self/maps") as f:
-            files = [tuple(int(x, 16) for x in line.split()[0].split("-")) for line in f
-                     if len(line.split()) >= 6 and line.split()[5].startswith("/")]
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            return [(int(lo, 16), int(hi, 16)) for lo, _, hi in (line.split()[0].partition("-") for line in f
+                                                                 if len(line.split()) >= 6 and line.split()[5].startswith("/"))]
     except (OSError, ValueError):
-        return 0
-    page, done = mmap.PAGESIZE, 0
-    seen: set[int] = set()
+        return None
+
+
+def _span(t: torch.Tensor) -> tuple[int, int] | None:
+    """The whole pages a CPU tensor's storage covers, or None."""
+    if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+        return None
+    try:
+        storage = t.untyped_storage()
+        start, size = storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return None
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, (start + size) // page * page
+    return (lo, hi) if lo < hi else None
+
+
+def mapped_from_file(tensors: Iterable[torch.Tensor]) -> set[int]:
+    """The ``id`` s of the tensors whose memory is a view of a file mapped into memory (a
+    checkpoint transformers or safetensors mapped instead of reading it)."""
+    ranges = _file_ranges() or []
+    out = set()
     for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+        span = _span(t)
+        if span is not None and any(a < span[1] and span[0] < b for a, b in ranges):
+            out.add(id(t))
+    return out
+
+
+def release_file_pages(tensors: Iterable[torch.Tensor]) -> int:
+    """Let the kernel take back the resident pages of tensors that are memory-mapped views
+    of a file (:func:`mapped_from_file`), once they have been read into working copies:
+    they are clean copies of the file, read again from it if ever touched, so no value
+    changes and nothing is written. Memory that is not a file's (a tensor of its own, or
+    a page written since it was mapped) is left as it is. Returns the bytes advised; 0
+    where ``madvise`` or ``/proc/self/maps`` is missing (not Linux)."""
+    ranges = _file_ranges()
+    if ranges is None:
+        return 0
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return 0
+    done = 0
+    seen: set[tuple[int, int]] = set()
+    for t in tensors:
+        span = _span(t)
+        if span is None or span in seen:
             continue
-        with contextlib.suppress(RuntimeError, NotImplementedError):
-            storage = t.untyped_storage()
-            start, size = storage.data_ptr(), storage.nbytes()
-            if start in seen or not size:
-                continue
-            seen.add(start)
-            lo, hi = -(-start // page) * page, (start + size) // page * page  # whole pages inside it
-            for a, b in files:
-                a, b = max(a, lo), min(b, hi)
-                if a < b and libc.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), _MADV_PAGEOUT) == 0:
-                    done += b - a
+        seen.add(span)
+        for a, b in ranges:
+            a, b = max(a, span[0]), min(b, span[1])
+            if a < b and libc.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), _MADV_PAGEOUT) == 0:
+                done += b - a
     return done
 
 

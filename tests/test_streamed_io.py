@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 import symspec
 from symspec.loading import load_model, save_model
 from symspec.loading.shards import INDEX, SINGLE, LazyStateDict, read_layout
-from symspec.statedict import release_file_pages
+from symspec.statedict import mapped_from_file, release_file_pages
 from tests.cli_files import WORDS, run, write_words
 from tests.zoo import ZOO
 
@@ -198,6 +198,7 @@ def test_release_file_pages_keeps_values_and_leaves_own_memory_alone(tmp_path: P
     save_file({"w": want}, str(path))
     with safe_open(str(path), "pt") as f:
         mapped = f.get_tensor("w")  # safetensors maps the file
+    assert mapped_from_file([mapped, owned]) == {id(mapped)}
     assert release_file_pages([mapped]) > 0
     assert torch.equal(mapped, want)  # read again from the file
     model = ZOO["qwen2"](seed=0, n_layer=1, vocab=VOCAB)[0]

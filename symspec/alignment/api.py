@@ -95,7 +95,8 @@ def align(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpec | str |
     run_pre_stages(request)
     timer, t0 = Timer(), time.perf_counter()
     pair = bind_and_check(request.model_a, request.model_b, spec, config, timer)
-    canonicalize(pair, m, timer, force=request.canonical_input)  # a lifted B is in canonical form
+    # a lifted B is in canonical form; B given up to the method: its working copy all its own
+    canonicalize(pair, m, timer, force=request.canonical_input, own_b=not keep_canonical_b)
     problem = pair.bound_a.problem
     modes, searched_problem = restrict(problem, groups if groups is not None else m.groups)
     ea, eb = endpoints(pair, m, request.model_a, request.model_b)

@@ -24,7 +24,14 @@ from ..record import TransformRecord
 from ..solvers import Timer, embed, parse_restriction, restrict_problem
 from ..spec import load_spec
 from ..spec.model import Spec
-from ..statedict import check_finite, detached_state, element_to_cpu, release_file_pages, widen
+from ..statedict import (
+    check_finite,
+    detached_state,
+    element_to_cpu,
+    mapped_from_file,
+    release_file_pages,
+    widen,
+)
 from ..transforms import apply_elements, canonicalize_state_dict
 from .protocol import Alignment, Endpoint, Method
 from .result import canonical_module, mode_text
@@ -75,17 +82,25 @@ def bind_and_check(model_a: ModelLike, model_b: ModelLike, spec: Spec | BoundSpe
     return pair
 
 
-def canonicalize(pair: Pair, method: Method, timer: Timer, force: bool = False) -> None:
+def canonicalize(pair: Pair, method: Method, timer: Timer, force: bool = False, own_b: bool = False) -> None:
     """Both models in canonical form, float16/bfloat16 widened to float32 (they come back
     in their own dtype); a method that works on raw weights gets them widened only (unless
     ``force``: B was lifted, and a lift writes canonical form). One model at a time, and
     a widened entry a step rewrites is let go as soon as it is replaced, so a model's
-    working copy is held once."""
+    working copy is held once. ``own_b``: the method will replace B's working copy entry
+    by entry, so what is still a view of B's mapped checkpoint becomes a copy of its own
+    (the file's pages given back), freed as the method replaces it."""
     if not method.canonical and not force:
         pair.a, pair.b = widen(pair.raw_a), widen(pair.raw_b)
         return
     pair.a = _canonical(pair.bound_a, pair.raw_a, timer, "A")
     pair.b = _canonical(pair.bound_b, pair.raw_b, timer, "B")
+    if own_b:
+        mapped = mapped_from_file(pair.b.values())
+        for k, v in pair.b.items():
+            if id(v) in mapped:
+                pair.b[k] = v.clone()
+                release_file_pages([v])
 
 
 def _canonical(bound: BoundSpec, raw: Mapping[str, torch.Tensor], timer: Timer, which: str) -> dict[str, torch.Tensor]:
