@@ -25,6 +25,7 @@ from ._common import (
     stderr_console,
     stdout_console,
 )
+from ._device import DEVICE
 
 #: worker processes, Ray tasks in flight, torch threads: beyond this a value is a typo
 MAX_WORKERS = 1024
@@ -63,7 +64,8 @@ MAX_SIMPLEX_POINTS = 100_000
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="Run the rounds as Ray tasks: 'auto', 'ray://HOST:10001', HOST:PORT, or 'local' (a "
                    "single-node cluster started here). The models and --out must be on storage every node reads.")
-@click.option("--device", default="cpu", show_default=True, help="Where each alignment's dense work runs: cpu, cuda, ...")
+@click.option("--device", default="cpu", show_default=True, type=DEVICE,
+              help="Where each alignment's dense work runs: cpu, cuda or cuda:N.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1, MAX_WORKERS),
               help="Torch threads per alignment (the same in every executor, so results are identical).")
 @click.option("--data", "data_arg", metavar="SOURCE",
