@@ -29,39 +29,25 @@ from ..engine.base import (
 from . import smooth  # the module: its best_scale_value is looked up at each call (bench swaps it)
 
 
-def assign(score: torch.Tensor, ctx: SolveContext | None = None, start: torch.Tensor | None = None) -> torch.Tensor:
+def assign(score: torch.Tensor, ctx: SolveContext | None = None) -> torch.Tensor:
     """Maximum-weight assignment per batch entry: ``perm[..., i]`` is the column of row i.
 
-    ``start`` (a permutation shaped like the result, e.g. the current element) only orders
-    the columns handed to scipy so that it is the diagonal: the same assignment where the
-    optimum is unique, found faster when ``start`` is near it (scipy's shortest augmenting
-    paths: 1.3-2x on a 1536-unit MLP's scores, 0.24 -> 0.17 s in the first round).
-
     >>> assign(torch.tensor([[0.0, 5.0], [4.0, 1.0]])).tolist()
-    [1, 0]
-    >>> assign(torch.tensor([[0.0, 5.0], [4.0, 1.0]]), start=torch.tensor([1, 0])).tolist()
     [1, 0]
     """
     batch = score.shape[:-2]
     n = score.shape[-1]
     if not bool(torch.isfinite(score).all()):
         raise SolverError("the assignment scores are not finite (NaN or inf weights?)")
-    src = score.detach()
-    if start is not None and (start.shape != (*batch, n) or score.shape[-2] != n):
-        start = None
-    if start is not None:
-        start = start.to(score.device)
-        src = src.index_select(-1, start) if src.ndim == 2 else torch.gather(src, -1, start.unsqueeze(-2).expand_as(src))
     # scipy minimises float64 costs: hand it -score in float64 directly (its maximize=True
     # would copy and negate again: 0.1 s per 3072 x 3072 assignment, more than the
     # assignment itself once the units are nearly matched)
-    cost = src.to("cpu", torch.float64, copy=True).neg_().reshape(-1, n, n).numpy()
+    cost = score.detach().to("cpu", torch.float64, copy=True).neg_().reshape(-1, n, n).numpy()
     out = np.empty((cost.shape[0], n), dtype=np.int64)
     for k in range(cost.shape[0]):
         rows, cols = linear_sum_assignment(cost[k])
         out[k, rows] = cols
-    perm = torch.from_numpy(out).reshape(*batch, n).to(score.device)
-    return perm if start is None else torch.gather(start, -1, perm)
+    return torch.from_numpy(out).reshape(*batch, n).to(score.device)
 
 
 def _sum_cross(terms: list[Term], variances: set[str]) -> torch.Tensor | None:
@@ -78,7 +64,7 @@ def solve_permutation(group: Group, terms: list[Term], current: Element, ctx: So
     if score is None:
         return current
     with ctx.timer("assign"):
-        return {"perm": assign(score, ctx, start=current["perm"])}
+        return {"perm": assign(score, ctx)}
 
 
 @solver("SP", cheap_apply=True)
@@ -94,7 +80,7 @@ def solve_signed_permutation(group: Group, terms: list[Term], current: Element, 
     assert ref is not None
     score = (signed.abs() if signed is not None else 0) + (unsigned if unsigned is not None else 0)
     with ctx.timer("assign"):
-        perm = assign(score, ctx, start=current["perm"])  # type: ignore[arg-type]
+        perm = assign(score, ctx)  # type: ignore[arg-type]
     if signed is None:
         sign = torch.ones(perm.shape, dtype=current["sign"].dtype, device=perm.device)
     else:
@@ -142,7 +128,7 @@ def solve_permuted_scaling(outer: Group, inner: Group, terms: list[Term], curren
         perm = e_perm["perm"]
     else:
         with ctx.timer("assign"):
-            perm = assign(score, ctx, start=e_perm["perm"])
+            perm = assign(score, ctx)
     return {"perm": perm}, scales_given(perm, terms, inner, e_diag, ctx)
 
 
