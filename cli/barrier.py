@@ -22,6 +22,7 @@ from ._common import (
     stderr_console,
     stdout_console,
 )
+from ._device import DEVICE
 
 #: each point is a full evaluation of the split; more than this is a typo (1e11 once ran out of memory)
 MAX_POINTS = 1001
@@ -50,7 +51,7 @@ MAX_POINTS = 1001
                    "(default: A or B when it is a model file). Beside Hugging Face folders it lends its "
                    "data()/loss() hooks.")
 @click.option("--spec", "spec_arg", metavar="PATH|NAME", help="Spec for the alignment methods (default: the model file's SPEC, else the built-in spec for the model's class).")
-@click.option("--device", default="cpu", show_default=True, help="Where to evaluate: cpu, cuda, cuda:1, ...")
+@click.option("--device", default="cpu", show_default=True, type=DEVICE, help="Where to evaluate: cpu, cuda or cuda:N.")
 @click.option("--dtype", "dtype_name", type=click.Choice(["float32", "float64"]), help="Evaluate in this precision (default: the model's).")
 @click.option("--batch-size", default=64, show_default=True, type=BATCH_SIZE, help="Examples per forward pass.")
 @click.option("--max-samples", type=click.IntRange(min=1), help="Use at most this many examples (sequences, images) of the split.")

@@ -27,6 +27,7 @@ from ._common import (
     stderr_console,
     stdout_console,
 )
+from ._device import DEVICE
 
 #: how a bound that needs cvxpy says so (symspec.certify.joint.NEEDS_CVXPY; the
 #: certificate's not_available lists those, printed in full instead of the joint reason)
@@ -121,16 +122,6 @@ def _quiet_threads() -> None:
     from symspec.process import configure_process
 
     configure_process()
-
-
-def _device(device: str) -> str:
-    import torch
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise _input_error(f"--device {device}: CUDA is not available here (use --device cpu)")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise _input_error(f"--device {device}: use cpu or cuda")
-    return device
 
 
 def _load_pair(a: str, b: str, factory: str | None, spec_arg: str | None, progress: _Progress) -> tuple[Any, Any, Any]:
@@ -335,7 +326,7 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--groups", default=None, help=GROUPS_HELP),
         click.option("--rounds", default=10, show_default=True, type=click.IntRange(0, 10000), help="At most this many rounds of the method's iteration."),
         click.option("--tol", default=1e-6, show_default=True, type=FiniteFloat(0), help="Stop once a round improves the objective by less than this (relative)."),
-        click.option("--device", default="cpu", show_default=True, help="Where the dense work runs: cpu or cuda."),
+        click.option("--device", default="cpu", show_default=True, type=DEVICE, help="Where the dense work runs: cpu, cuda or cuda:N."),
         click.option("--steps", "learn_steps", type=STEPS, metavar="N",
                      help="learned: optimisation steps.  [default: 500, or --epochs]"),
         click.option("--epochs", "learn_epochs", type=EPOCHS, metavar="E",
@@ -398,7 +389,7 @@ def match_cmd(model_a: str, model_b: str, certify: bool, spec_arg: str | None, o
     """
     _quiet_threads()
     check_output(out, force, [model_a, model_b, factory, spec_arg, *data_inputs(data_arg)])
-    dev = _device(device)
+    dev = device
     learned_options(default_method(method, data_arg), learn)  # bad flags fail before any loading
     if certify:
         from symspec.alignment import get_method
@@ -450,7 +441,7 @@ def merge_cmd(model_a: str, model_b: str, alpha: float, no_align: bool, spec_arg
     from symspec.statedict import check_finite, interpolate_state_dicts
 
     check_output(out, force, [model_a, model_b, factory, spec_arg, *data_inputs(data_arg)])
-    dev = _device(device)
+    dev = device
     method = "none" if no_align else default_method(method, data_arg)
     learned_options(method, learn)  # bad flags fail before any loading
     # a method that does not use canonical forms (vanilla averaging) merges the raw weights
