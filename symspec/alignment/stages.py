@@ -145,8 +145,10 @@ def restrict(problem: Problem, groups: str | Mapping[str, str] | None) -> tuple[
 
 
 def embed_elements(problem: Problem, searched: Problem, found: Alignment, dtype: torch.dtype) -> dict[str, Element]:
-    """The method's elements (in the searched groups) as elements of the spec's groups."""
-    return {s: embed(problem.spaces[s].group, searched.spaces[s].group, e, dtype) for s, e in found.elements.items()}
+    """The method's elements (in the searched groups) as elements of the spec's groups, on
+    the CPU beside the weights they act on (a method may have run on a GPU)."""
+    return {s: element_to_cpu(embed(problem.spaces[s].group, searched.spaces[s].group, e, dtype))
+            for s, e in found.elements.items()}
 
 
 def transform_b(pair: Pair, found: Alignment, elements: Mapping[str, Element]) -> dict[str, torch.Tensor]:
