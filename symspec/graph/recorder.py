@@ -33,12 +33,22 @@ class Capture(fx.Interpreter):
         super().__init__(gm, garbage_collect_values=True)
         self.wanted = wanted
         self.sink = sink
+        self.left = {n.name for n in gm.graph.nodes if n.name in wanted}
 
     def run_node(self, n: fx.Node) -> Any:
         out = super().run_node(n)
         for name in self.wanted.get(n.name, ()):
             self.sink(name, out)
+        self.left.discard(n.name)
+        if not self.left:
+            # every site is recorded: what follows (a language model's logits, batch x
+            # tokens x vocabulary, gigabytes for a 150k vocabulary) is not computed
+            raise _Recorded
         return out
+
+
+class _Recorded(Exception):
+    """Raised by :class:`Capture` once the last wanted node has run."""
 
 
 class _Runner(torch.nn.Module):
@@ -55,7 +65,10 @@ class _Runner(torch.nn.Module):
         self.sink: Callable[[str, torch.Tensor], None] = lambda name, value: None
 
     def forward(self, *flat: Any) -> Any:
-        return Capture(self.gm, self.wanted, self.sink).run(*flat)
+        try:
+            return Capture(self.gm, self.wanted, self.sink).run(*flat)
+        except _Recorded:
+            return None
 
 
 def _signature(inputs: Any) -> tuple[Any, ...]:
