@@ -56,6 +56,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -266,14 +267,16 @@ def error_line(lines: list[str]) -> str:
     return lines[-1] if lines else ""
 
 
-def command_argv(command: str, a: Path, b: Path, work: Path, data: str) -> list[str]:
-    """The symspec command line of one measurement."""
+def command_argv(command: str, a: Path, b: Path, work: Path, data: str, rounds: int | None = None) -> list[str]:
+    """The symspec command line of one measurement (``rounds``: match's --rounds, where
+    given; else its default)."""
     out = work / command
+    limit = ["--rounds", str(rounds)] if rounds is not None else []
     return {
         "check": ["check", str(a), "--samples", "1"],
         "infer": ["infer", str(a), "--samples", "1", "--out", str(work / "infer.yaml"), "--force"],
-        "match": ["match", str(a), str(b), "--out", str(out), "--force"],
-        "match-data": ["match", str(a), str(b), "--out", str(out), "--force", "--method", "weight+activation",
+        "match": ["match", str(a), str(b), "--out", str(out), "--force", *limit],
+        "match-data": ["match", str(a), str(b), "--out", str(out), "--force", *limit, "--method", "weight+activation",
                        "--data", data],
         "barrier": ["barrier", str(a), str(c if (c := a.with_name("c")).exists() else b), "--data", data, "--points", "3", "--report", str(work / "barrier.json"),
                     "--force"],
@@ -308,14 +311,17 @@ def recovery(size: str, a_dir: Path, out_dir: Path) -> float | None:
 # ---------------------------------------------------------------- the run
 
 
-def run_size(size: str, args: argparse.Namespace, data: str) -> list[dict[str, Any]]:
+def run_size(size: str, args: argparse.Namespace, data: str,
+             on_row: Callable[[dict[str, Any]], None] = lambda row: None) -> list[dict[str, Any]]:
+    """Every command on every dtype of ``size``; ``on_row`` is called with each row as it
+    is measured (the results are written then: a run stopped later keeps it)."""
     info = prepare(size, args.dtypes, args.pair, args.cache)
     rows = []
     for dt in args.dtypes:
         a, b = args.cache / size / dt / "a", args.cache / size / dt / "b"
         work = args.cache / size / dt / "work"
         for command in args.commands:
-            sub = command_argv(command, a, b, work, data)
+            sub = command_argv(command, a, b, work, data, args.rounds)
             shown = shlex.join(["symspec", *sub]).replace(str(ROOT) + "/", "")
             print(f"[{size} {dt}] {shown}", flush=True)
             got = measure([*symspec_exe(), *sub], work / f"{command}.log", args.timeout)
@@ -331,6 +337,7 @@ def run_size(size: str, args: argparse.Namespace, data: str) -> list[dict[str, A
                   + (f", recovery {row['recovery']:.2e}" if row.get("recovery") is not None else "")
                   + (f"  [{row['error']}]" if "error" in row else ""), flush=True)
             rows.append(row)
+            on_row(row)
     return rows
 
 
@@ -431,6 +438,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pair", choices=["auto", "planted", "independent"], default="auto",
                     help="B: planted from A, independent, or planted where it fits in memory (auto)")
     ap.add_argument("--tokens", type=int, default=4096, help="training tokens of match-data")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="match's --rounds (default: its own; an independent pair runs them all)")
     ap.add_argument("--block", type=int, default=128, help="tokens per window of the text data")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds before a command is stopped")
     ap.add_argument("--cache", type=Path, default=CACHE, help="where the models are built and kept")
@@ -450,13 +459,21 @@ def main(argv: list[str] | None = None) -> None:
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     data = text_source(args.tokens, args.block, args.cache)
     old = json.loads(args.out.read_text()) if args.merge and args.out.exists() else None
-    rows = [r for size in sizes for r in run_size(size, args, data)]
-    doc = {"benchmark": "wall time and peak memory of the symspec CLI at real sizes",
-           "command": command_line(__file__, argv), "machine": machine(),
-           "data": {"source": data.replace(str(ROOT) + "/", ""), "train_tokens": args.tokens, "block": args.block},
-           "rows": merged(old, rows)}
-    write_results(args.out, doc)
-    plot(doc, args.plot or args.out.with_suffix(".png"))
+    rows: list[dict[str, Any]] = []
+
+    def write(row: dict[str, Any] | None = None) -> None:
+        if row is not None:
+            rows.append(row)
+        doc = {"benchmark": "wall time and peak memory of the symspec CLI at real sizes",
+               "command": command_line(__file__, argv), "machine": machine(),
+               "data": {"source": data.replace(str(ROOT) + "/", ""), "train_tokens": args.tokens, "block": args.block},
+               "rows": merged(old, rows)}
+        write_results(args.out, doc)
+        plot(doc, args.plot or args.out.with_suffix(".png"))
+
+    for size in sizes:
+        run_size(size, args, data, write)
+    write()
 
 
 if __name__ == "__main__":
