@@ -400,6 +400,20 @@ def fmt_seconds(s: float) -> str:
     return f"{s:.1f} s" if s < 120 else f"{int(s // 60)}:{int(s % 60):02d}"
 
 
+def shown_options(argv: str) -> str:
+    """The options of a row's command line that change what it measures (``--samples 1``,
+    ``--rounds 2``, ``--method weight+activation``): not its paths, data or --force."""
+    parts = shlex.split(argv)[2:]
+    keep, i = [], 0
+    while i < len(parts):
+        p = parts[i]
+        takes = i + 1 < len(parts) and not parts[i + 1].startswith("--")
+        if p.startswith("--") and p not in ("--out", "--report", "--data", "--force"):
+            keep += [p, parts[i + 1]] if takes else [p]
+        i += 2 if p.startswith("--") and takes else 1
+    return " ".join(keep)
+
+
 def table(doc: dict[str, Any]) -> str:
     """The README's markdown table: one line per model, dtype and command."""
     lines = ["| model | params | dtype, shards | command | wall | peak RSS | RSS / checkpoint | recovery |",
@@ -408,7 +422,9 @@ def table(doc: dict[str, Any]) -> str:
     for r in sorted(doc["rows"], key=lambda r: (r["params"], r["dtype"], order.get(r["command"], 99))):
         wall = fmt_seconds(r["wall_s"]) if r.get("rc") == 0 else f"failed ({r.get('error', r.get('rc'))})"
         rec = f"{r['recovery']:.1e}" if r.get("recovery") is not None else ""
-        lines.append(f"| {r['model']} | {r['params'] / 1e6:.0f}M | {r['dtype']}, {r['shards']} | `{r['command']}` | {wall} "
+        shown = f"`{' '.join(x for x in (r['command'], shown_options(r.get('argv', ''))) if x)}`"
+        shown += f" ({r['pair']} pair)" if r.get("pair") and r["command"] != "barrier" else ""
+        lines.append(f"| {r['model']} | {r['params'] / 1e6:.0f}M | {r['dtype']}, {r['shards']} | {shown} | {wall} "
                      f"| {r['peak_rss_gb']:.2f} GB | {r['ratio']:.1f}x | {rec} |")
     return "\n".join(lines)
 
