@@ -54,3 +54,37 @@ def test_data_methods_on_bf16_folders(tmp_path: Path, method: str) -> None:
     code, _, err = run("match", str(a), str(tmp_path / "missing"), "--method", method, "--data",
                        f"text:{text},block=16", "--out", str(tmp_path / "o2"))
     assert code == 2 and err.startswith("error:")
+
+
+def test_an_endpoint_module_shares_the_working_weights() -> None:
+    """share=True: the module's weights are the state's tensors (no second copy of a model),
+    and it computes what the owning copy computes; without it the copy owns its weights."""
+    model = _model(0)
+    bound = symspec.bind("qwen2", model)
+    state = symspec.canonicalize_state_dict(bound, {k: v.float() for k, v in model.state_dict().items()})
+    before = {k: v.clone() for k, v in state.items()}
+    shared = canonical_module(bound, model, state, share=True)
+    owned = canonical_module(bound, model, state)
+    got_s, got_o = shared.state_dict(), owned.state_dict()
+    written = [k for k in state if k in got_s and state[k].is_floating_point()]
+    # the head is made anew where canonical form unties it (and then loaded): every layer shares
+    assert all(got_s[k].data_ptr() == state[k].data_ptr() for k in written if ".layers." in k)
+    assert all(torch.equal(got_s[k], state[k]) for k in written)
+    assert all(torch.equal(state[k], before[k]) for k in written)  # building it wrote over nothing
+    assert not any(got_o[k].data_ptr() == state[k].data_ptr() for k in written)
+    x = torch.randint(VOCAB, (2, 8))
+    assert torch.equal(shared(x).logits, owned(x).logits)
+
+
+def test_a_tied_module_shares_neither_twin() -> None:
+    model = ZOO["llama_tied"](seed=0, n_layer=1, vocab=VOCAB)[0] if "llama_tied" in ZOO else None
+    if model is None:
+        pytest.skip("no tied Llama in the zoo")
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    bound = symspec.bind("llama", model)
+    state = symspec.canonicalize_state_dict(bound, {k: v.float() for k, v in model.state_dict().items()})
+    before = {k: v.clone() for k, v in state.items()}
+    got = canonical_module(bound, model, state, share=True).state_dict()
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        assert got[k].data_ptr() != state[k].data_ptr() and torch.equal(got[k], state[k])
+    assert all(torch.equal(state[k], before[k]) for k in state)

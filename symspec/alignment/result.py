@@ -140,30 +140,48 @@ def weight_distance(bound: BoundSpec, a: Mapping[str, torch.Tensor], b: Mapping[
 
 
 def canonical_module(bound: BoundSpec, model: torch.nn.Module, state: Mapping[str, torch.Tensor], *,
-                     canonical: bool = True) -> torch.nn.Module:
+                     canonical: bool = True, share: bool = False) -> torch.nn.Module:
     """A copy of ``model`` (same class) holding ``state`` (its canonical weights, or with
     ``canonical=False`` any weights of the model's own form): what
     :func:`~symspec.transforms.canonicalize_model` returns, without canonicalising again
-    and without first copying the old weights."""
+    and without first copying the old weights.
+
+    ``share``: the copy's parameters are ``state``'s tensors themselves, not copies of
+    them (a method's endpoint module, which runs with weights passed to
+    ``functional_call`` and is only read: a second float32 copy of each model was what
+    killed weight+activation on a 1.1B model). Without it, the copy owns its weights."""
     memo: dict[int, Any] = {}
-    # Fresh (uninitialised) storage only for what ``state`` overwrites: a buffer in no
+    # Fresh storage (or ``state``'s own) only for what ``state`` overwrites: a buffer in no
     # state dict (rotary frequencies, Gemma's embedding scale) is copied as it is, else it
-    # would stay uninitialised memory.
-    # The fresh storage takes the dtype of the weights written into it (a bfloat16 model's
-    # float32 working copy stays float32: a copy in the stored dtype would round the
-    # weights, and a graph traced from it would cast activations back to bfloat16).
-    written = {id(t): state[k].dtype for k, t in model.state_dict(keep_vars=True).items()
-               if k in state and state[k].is_floating_point()}
+    # would stay uninitialised memory. The storage has the dtype of the weights written
+    # into it (a bfloat16 model's float32 working copy stays float32: a copy in the stored
+    # dtype would round the weights, and a graph traced from it would cast activations
+    # back to bfloat16).
+    written: dict[int, list[torch.Tensor]] = {}
+    for k, t in model.state_dict(keep_vars=True).items():
+        if k in state and state[k].is_floating_point():
+            written.setdefault(id(t), []).append(state[k])
     for t in itertools.chain(model.parameters(), model.buffers()):
         if t.is_floating_point() and id(t) in written and id(t) not in memo:
-            empty = torch.empty(t.shape, dtype=written[id(t)], device=t.device)
-            memo[id(t)] = torch.nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
+            src = written[id(t)][0]
+            # a tensor tied under several names (that canonical form may untie) is never
+            # shared: loading one name's value would write over another name's tensor
+            fits = share and len(written[id(t)]) == 1 and src.shape == t.shape and src.device == t.device
+            data = src.detach() if fits else torch.empty(t.shape, dtype=src.dtype, device=t.device)
+            memo[id(t)] = torch.nn.Parameter(data, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else data
     out = copy.deepcopy(model, memo)
     if canonical:
         canonicalize_structure(bound, out)
     own = out.state_dict()
-    out.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+    shared = {id(v) for v in memo.values()} if share else set()
+    out.load_state_dict({k: v for k, v in state.items() if k in own and not _same_storage(own[k], v, shared)},
+                        strict=False)
     return out.eval() if not model.training else out
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor, shared: set[int]) -> bool:
+    """``a`` (a module's tensor) is ``b`` already (shared, same storage): no copy needed."""
+    return bool(shared) and a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
 
 
 def mode_text(modes: Mapping[str, str]) -> str:

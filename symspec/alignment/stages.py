@@ -133,8 +133,9 @@ def endpoints(pair: Pair, method: Method, model_a: ModelLike, model_b: ModelLike
         return Endpoint(pair.a), Endpoint(pair.b)
     if not isinstance(model_a, torch.nn.Module) or not isinstance(model_b, torch.nn.Module):
         raise SymspecInputError(f"the method '{method.name}' runs the models: pass modules, not state dicts")
-    return (Endpoint(pair.a, canonical_module(pair.bound_a, model_a, pair.a, canonical=method.canonical)),
-            Endpoint(pair.b, canonical_module(pair.bound_b, model_b, pair.b, canonical=method.canonical)))
+    # the modules share the working weights: a method runs them with weights it passes
+    return (Endpoint(pair.a, canonical_module(pair.bound_a, model_a, pair.a, canonical=method.canonical, share=True)),
+            Endpoint(pair.b, canonical_module(pair.bound_b, model_b, pair.b, canonical=method.canonical, share=True)))
 
 
 def restrict(problem: Problem, groups: str | Mapping[str, str] | None) -> tuple[dict[str, str], Problem]:
