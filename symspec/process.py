@@ -79,3 +79,16 @@ def torch_threads(n: int) -> Iterator[None]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can still give a process without swapping (``MemAvailable`` of
+    /proc/meminfo); None where that cannot be read (not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None

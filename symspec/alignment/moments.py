@@ -15,6 +15,7 @@ from ..errors import SymspecInputError
 from ..graph import SiteRecorder, read_sites
 from ..groups import Experts, Heads
 from ..problem import Problem
+from ..process import available_memory
 from ..solvers import Timer, match_weights
 from ..solvers.engine.activation_statistics import (
     ActivationMoments,
@@ -125,6 +126,7 @@ def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[
             if moments is None:
                 if not recorder.sites:
                     raise SymspecInputError(f"no activation site found in {type(module).__name__} for the spec's spaces")
+                refuse_beyond_memory(ActivationMoments.empty(recorder.sites, "meta", problem), type(module).__name__)
                 moments = ActivationMoments.empty(recorder.sites, device, problem)
             recorder.record(inputs, state_b, sink=_streamed(moments, fa))
             moments.end_batch()
@@ -133,6 +135,20 @@ def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[
         module.train(training)
     assert moments is not None
     return moments
+
+
+def refuse_beyond_memory(planned: ActivationMoments, model: str, available: int | None = None) -> None:
+    """Refuse statistics whose float64 moments, and their factors after them (about as
+    much again), would not fit in the memory this machine has free: the process was
+    killed without a word instead (Qwen2-0.5B: 4864 x 4864 blocks for every layer at
+    once). ``planned``: the moments, allocated on the meta device."""
+    free = available if available is not None else available_memory()
+    need = 2 * planned.bytes
+    if free is not None and need > free:
+        raise SymspecInputError(
+            f"activation statistics of {model} need about {need / 1e9:.1f} GB ({len(planned.moments)} sites' float64 "
+            f"moments and their factors), more than the {free / 1e9:.1f} GB this machine has free; align with "
+            "--method weight (data-free), or on a machine with more memory")
 
 
 def _streamed(moments: ActivationMoments, fa: dict[str, torch.Tensor]) -> Any:
