@@ -308,6 +308,17 @@ def recovery(size: str, a_dir: Path, out_dir: Path) -> float | None:
                 den += float(ref.square().sum())
     return math.sqrt(num / den) if den > 0 else None
 
+def recovery_in_child(size: str, a_dir: Path, out_dir: Path) -> float | None:
+    """:func:`recovery` in a process of its own: computed here it grew this process, and a
+    child forked later inherits that as the floor of its peak RSS (Linux keeps ru_maxrss
+    across fork and exec), so every later row showed this process's size instead."""
+    code = ("import json, sys; from pathlib import Path; from bench.bench_scale import recovery; "
+            "print(json.dumps(recovery(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]))))")
+    done = subprocess.run([sys.executable, "-c", code, size, str(a_dir), str(out_dir)], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -332,7 +343,7 @@ def run_size(size: str, args: argparse.Namespace, data: str,
                    "argv": shown,
                    **got, "ratio": round(got["peak_rss_gb"] * 1e9 / ckpt, 3)}
             if command.startswith("match") and got["rc"] == 0 and info["pair"] == "planted":
-                row["recovery"] = recovery(size, a, work / command)
+                row["recovery"] = recovery_in_child(size, a, work / command)
             print(f"    {row['wall_s']:.1f} s, peak {row['peak_rss_gb']:.2f} GB ({row['ratio']:.1f}x the checkpoint)"
                   + (f", recovery {row['recovery']:.2e}" if row.get("recovery") is not None else "")
                   + (f"  [{row['error']}]" if "error" in row else ""), flush=True)
