@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..checker import cast_inputs
 from ..errors import SymspecInputError
 from ..graph import SiteRecorder, read_sites
 from ..groups import Experts, Heads
@@ -95,16 +96,6 @@ def _batches(data: Any, limit: int | None) -> list[tuple[Any, Any]]:
     return list(batches[:limit] if limit is not None else batches)
 
 
-def _cast(x: Any, dtype: torch.dtype) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.to(dtype) if x.is_floating_point() else x
-    if isinstance(x, Mapping):
-        return {k: _cast(v, dtype) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return type(x)(_cast(v, dtype) for v in x)
-    return x
-
-
 def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[str, torch.Tensor],
                     state_b: Mapping[str, torch.Tensor], data: Any, *, batches: int | None = None,
                     device: torch.device | str = "cpu", sites: str = "read") -> ActivationMoments:
@@ -121,7 +112,7 @@ def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[
     module.eval()  # features must be functions of the inputs: no dropout
     try:
         for inputs, _ in _batches(data, batches):
-            inputs = _cast(inputs, dtype)
+            inputs = cast_inputs(inputs, dtype)
             fa = recorder.record(inputs, state_a)
             if moments is None:
                 if not recorder.sites:
