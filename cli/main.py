@@ -6,6 +6,7 @@ nor cvxpy nor matplotlib. Exit codes: 0 success, 1 a check that failed, 2 bad in
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
@@ -20,10 +21,12 @@ def _interrupted(*_: Any) -> NoReturn:
     raise SystemExit(130)
 
 
-# the ``symspec`` command itself (not a program that imports this module): Ctrl-C while the
-# modules below load (a fraction of a second, more on a busy machine) is an interrupt too
-if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") == "symspec" \
-        and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+#: this process is the ``symspec`` command itself, not a program that imports this module
+_AS_COMMAND = os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") == "symspec"
+
+# Ctrl-C while the modules below load (a fraction of a second, more on a busy machine) is
+# an interrupt too
+if _AS_COMMAND and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _interrupted)
 
 import click  # noqa: E402
@@ -111,11 +114,28 @@ def cli() -> None:
     """
 
 
+def _exit_interrupted() -> NoReturn:
+    """End an interrupted command without finalising the interpreter: its outputs are
+    rolled back and its line printed, and a thread still running (a library's worker, a
+    user's model code) that enters the interpreter while it shuts down aborts the process
+    (``Fatal Python error: PyThreadState_Get``, exit -6 instead of 130: CPython gh-87135,
+    seen once in CI at a Ctrl-C 4 s into ``barrier --plot``). Nothing is left to run at
+    exit: the streams are flushed here."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: the exit code is what is left to give
+            stream.flush()
+    os._exit(130)
+
+
 def main(argv: list[str] | None = None) -> Any:
     if signal.getsignal(signal.SIGINT) is _interrupted:  # started: Ctrl-C unwinds (rolls back) from here on
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return cli.main(args=argv, prog_name="symspec", standalone_mode=True)
+    except SystemExit as e:
+        if _AS_COMMAND and e.code == 130:
+            _exit_interrupted()
+        raise
     finally:  # the command is over (outputs published or rolled back): a Ctrl-C while the
         # interpreter shuts down has nothing left to stop, and would only hide the exit code
         signal.signal(signal.SIGINT, signal.SIG_IGN)
