@@ -112,6 +112,12 @@ class _Progress:
             self.bar.update(self.task, description=f"learning: step {event.round}/{event.rounds}, loss {event.space}, "
                                                    f"midpoint loss (validation) {event.objective:.4g}",
                             completed=event.done, total=event.total)
+        elif event.kind == "statistics":
+            self.bar.update(self.task, description=f"activation statistics: batch {event.round}/{event.rounds}, "
+                                                   f"model {event.space}", completed=event.done, total=event.total)
+        elif event.kind == "factor":
+            self.bar.update(self.task, description=f"factoring activation statistics: {event.space}",
+                            completed=event.done, total=event.total)
         elif event.kind == "round":
             self.bar.update(self.task, description=f"round {event.round} done: objective {event.objective:.4g}", completed=event.total)
 

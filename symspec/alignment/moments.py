@@ -6,7 +6,7 @@ embedding rows for ``weight-tokens``."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ from ..graph import SiteRecorder, read_sites
 from ..groups import Experts, Heads
 from ..problem import Problem
 from ..process import available_memory
-from ..solvers import Timer, match_weights
+from ..solvers import MatchEvent, Timer, match_weights
 from ..solvers.engine.activation_statistics import (
     ActivationMoments,
     activation_terms,
@@ -37,16 +37,16 @@ def align_activation(method: ActivationMatching, problem: Problem, a: Endpoint, 
     assert a.module is not None
     with timer("statistics"):
         moments = collect_moments(a.module, problem, a.state, b.state, options.data, batches=opts.batches,
-                                  device=options.device, sites=opts.sites)
+                                  device=options.device, sites=opts.sites, progress=options.progress)
     described = moments.describe()
     with timer("factor"):  # each site's moments are let go as soon as it is factored
         if method.combine:
             terms = combined_problem(problem, a.state, b.state, moments, mix=opts.mix, normalize=opts.normalize,
-                                     release=True)
+                                     release=True, progress=options.progress)
         else:
             dtype = options.dtype or next((t.dtype for t in a.state.values() if t.is_floating_point()), torch.float32)
             terms = activation_terms(problem, moments, normalize=opts.normalize, dtype=dtype, ridge=opts.ridge,
-                                     release=True)
+                                     release=True, progress=options.progress)
     res = match_weights(terms.problem, terms.sd_a, terms.sd_b, rounds=options.rounds, tol=options.tol,
                         device=options.device, dtype=options.dtype, init=options.init, progress=options.progress,
                         timer=timer, options=opts.solver)
@@ -98,27 +98,36 @@ def _batches(data: Any, limit: int | None) -> list[tuple[Any, Any]]:
 
 def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[str, torch.Tensor],
                     state_b: Mapping[str, torch.Tensor], data: Any, *, batches: int | None = None,
-                    device: torch.device | str = "cpu", sites: str = "read") -> ActivationMoments:
+                    device: torch.device | str = "cpu", sites: str = "read",
+                    progress: Callable[[MatchEvent], None] | None = None) -> ActivationMoments:
     """Run ``module`` with A's and with B's weights over the data's batches and
     accumulate the moments of the activation sites of ``problem`` (``sites="all"``: every
     one; ``"read"``: one per chain of elementwise functions, :func:`~symspec.graph.read_sites`),
     only the blocks and Grams their spaces read (:meth:`SiteMoments.for_site`). Per batch,
     A's features are kept and B's are added to the moments site by site as B computes
-    them, A's copy dropped right after: one model's features of one batch are held, never both."""
+    them, A's copy dropped right after: one model's features of one batch are held, never both.
+    ``progress``: a ``MatchEvent("statistics", batch, batches, space="A" or "B", done, total)``
+    before each model's pass over each batch (``done`` passes of ``total`` finished)."""
     recorder = SiteRecorder(module, problem, select=read_sites if sites == "read" else None)
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
     moments: ActivationMoments | None = None
     training = module.training
     module.eval()  # features must be functions of the inputs: no dropout
+    todo = _batches(data, batches)
+    say = progress or (lambda event: None)
     try:
-        for inputs, _ in _batches(data, batches):
+        for i, (inputs, _) in enumerate(todo):
             inputs = cast_inputs(inputs, dtype)
-            fa = recorder.record(inputs, state_a)
-            if moments is None:
-                if not recorder.sites:
+            if moments is None:  # the sites are known from the trace: refuse before the first forward pass
+                found = recorder.prepare(inputs)
+                if not found:
                     raise SymspecInputError(f"no activation site found in {type(module).__name__} for the spec's spaces")
-                refuse_beyond_memory(ActivationMoments.empty(recorder.sites, "meta", problem), type(module).__name__)
-                moments = ActivationMoments.empty(recorder.sites, device, problem)
+                refuse_beyond_memory(ActivationMoments.empty(found, "meta", problem), type(module).__name__,
+                                     features=_feature_bytes(found, inputs, dtype))
+                moments = ActivationMoments.empty(found, device, problem)
+            say(MatchEvent("statistics", i + 1, len(todo), space="A", done=2 * i, total=2 * len(todo)))
+            fa = recorder.record(inputs, state_a)
+            say(MatchEvent("statistics", i + 1, len(todo), space="B", done=2 * i + 1, total=2 * len(todo)))
             recorder.record(inputs, state_b, sink=_streamed(moments, fa))
             moments.end_batch()
             del fa
@@ -128,18 +137,34 @@ def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[
     return moments
 
 
-def refuse_beyond_memory(planned: ActivationMoments, model: str, available: int | None = None) -> None:
+def refuse_beyond_memory(planned: ActivationMoments, model: str, available: int | None = None,
+                         features: int = 0) -> None:
     """Refuse statistics whose float64 moments, and their factors after them (about as
-    much again), would not fit in the memory this machine has free: the process was
-    killed without a word instead (Qwen2-0.5B: 4864 x 4864 blocks for every layer at
-    once). ``planned``: the moments, allocated on the meta device."""
+    much again), with one model's features of a batch (``features`` bytes) beside them,
+    would not fit in the memory this machine has free: the process was killed without a
+    word instead (Qwen2-0.5B: 4864 x 4864 blocks for every layer at once). ``planned``:
+    the moments, allocated on the meta device. Called before the first forward pass."""
     free = available if available is not None else available_memory()
-    need = 2 * planned.bytes
+    need = 2 * planned.bytes + features
     if free is not None and need > free:
+        held = f", and one batch's features of {features / 1e9:.2g} GB" if features else ""
         raise SymspecInputError(
             f"activation statistics of {model} need about {need / 1e9:.1f} GB ({len(planned.moments)} sites' float64 "
-            f"moments and their factors), more than the {free / 1e9:.1f} GB this machine has free; align with "
-            "--method weight (data-free), or on a machine with more memory")
+            f"moments and their factors{held}), more than the {free / 1e9:.1f} GB this machine has free; align "
+            "with --method weight (data-free), or on a machine with more memory")
+
+
+def _feature_bytes(sites: tuple[Any, ...], inputs: Any, dtype: torch.dtype) -> int:
+    """What one model's features of the batch ``inputs`` will hold (A's, kept until B's
+    arrive), where the batch says how many tokens it has: token ids (an integer tensor,
+    or ``input_ids``), one feature row per id. 0 where it does not say (images)."""
+    ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
+    if isinstance(ids, (tuple, list)) and ids:
+        ids = ids[0]
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
+        return 0
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return ids.numel() * sum(s.size for s in sites) * itemsize
 
 
 def _streamed(moments: ActivationMoments, fa: dict[str, torch.Tensor]) -> Any:

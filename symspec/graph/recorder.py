@@ -111,6 +111,12 @@ class SiteRecorder:
             self._runners[key] = (_Runner(mg.runnable(), wanted, mg.method == "export"), sites)
         return self._runners[key]
 
+    def prepare(self, inputs: Any) -> tuple[Site, ...]:
+        """Trace for inputs like ``inputs`` (nothing is run) and return the sites that
+        :meth:`record` will record: what their statistics will cost is known before the
+        first forward pass."""
+        return tuple(self._runner(inputs)[1].values())
+
     def record(self, inputs: Any, state: Mapping[str, torch.Tensor] | None = None,
                sink: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, torch.Tensor]:
         """One batch: site name -> (tokens, features), the features of the model with

@@ -36,7 +36,7 @@ terms scaled to ``mix`` times the weights' energy (:func:`combined_problem`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -44,6 +44,7 @@ import torch
 
 from ...groups import Heads
 from ...problem import AxisBinding, Factor, ParamBinding, Problem, Segment, Site
+from .descent import MatchEvent
 from .rounding import sqnorm
 
 __all__ = ["ActivationMoments", "ActivationTerms", "SiteMoments", "activation_problem", "activation_terms", "combined_problem",
@@ -337,12 +338,13 @@ class ActivationTerms:
 
 def activation_terms(problem: Problem, moments: ActivationMoments, *, normalize: str = "correlation",
                      dtype: torch.dtype = torch.float32, scale: float = 1.0, ridge: float = 0.0,
-                     release: bool = False) -> ActivationTerms:
+                     release: bool = False, progress: Callable[[Any], None] | None = None) -> ActivationTerms:
     """``problem`` with the sites as its bound tensors (see the module), for
     :func:`~.weight.match_weights`. ``scale`` multiplies every site's objective; ``ridge``
     adds the per-head ridge of :func:`head_ridges`; ``release``: each site's moments are
     dropped from ``moments`` as soon as it is factored (the float64 moments and the
-    factors are never all held at once)."""
+    factors are never all held at once). ``progress``: a ``MatchEvent("factor", ...)``
+    before each site (``space``: its name; ``done`` of ``total`` sites factored)."""
     if normalize not in NORMALIZE:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
     params: dict[str, ParamBinding] = {}
@@ -350,7 +352,10 @@ def activation_terms(problem: Problem, moments: ActivationMoments, *, normalize:
     sd_b: dict[str, torch.Tensor] = {}
     energy: dict[str, list[float]] = {}
     offset = total = 0.0
-    for name, site in moments.sites.items():
+    sites = list(moments.sites.items())
+    for i, (name, site) in enumerate(sites):
+        if progress is not None:
+            progress(MatchEvent("factor", 0, 0, space=name, done=i, total=len(sites)))
         m = moments.moments.get(name)
         if m is None or m.count == 0 or not site.spaces() <= set(problem.spaces):
             continue
@@ -414,12 +419,12 @@ def head_ridges(problem: Problem, energy: Mapping[str, list[float]], ridge: floa
 
 def combined_problem(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor],
                      moments: ActivationMoments, *, mix: float = 1.0, normalize: str = "correlation",
-                     release: bool = False) -> ActivationTerms:
+                     release: bool = False, progress: Callable[[Any], None] | None = None) -> ActivationTerms:
     """Weight and activation terms in one problem: the activation terms scaled so that
     their real energy (``E||a||^2 + E||b||^2`` over the sites) is ``mix`` times the
     weights' energy; ``offset`` scaled with them."""
     dtype = next((sd_a[p].dtype for p in problem.params), torch.float32)
-    act = activation_terms(problem, moments, normalize=normalize, dtype=dtype, release=release)
+    act = activation_terms(problem, moments, normalize=normalize, dtype=dtype, release=release, progress=progress)
     w_energy = math.fsum(sqnorm(sd_a[p]) + sqnorm(sd_b[p]) for p in problem.params)
     a_energy = act.energy
     s = math.sqrt(mix * w_energy / a_energy) if a_energy > 0 and w_energy > 0 else 1.0
