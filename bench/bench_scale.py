@@ -431,7 +431,12 @@ def table(doc: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     order = {c: i for i, c in enumerate(COMMANDS)}
     for r in sorted(doc["rows"], key=lambda r: (r["params"], r["dtype"], order.get(r["command"], 99))):
-        wall = fmt_seconds(r["wall_s"]) if r.get("rc") == 0 else f"failed ({r.get('error', r.get('rc'))})"
+        if r.get("rc") == 0:
+            wall = fmt_seconds(r["wall_s"])
+        elif r.get("rc") == 2 and str(r.get("error", "")).startswith("error: "):  # refused: the input error it gave, and when
+            wall = f"refused after {fmt_seconds(r['wall_s'])} ({r['error']})"
+        else:
+            wall = f"failed ({r.get('error', r.get('rc'))})"
         rec = f"{r['recovery']:.1e}" if r.get("recovery") is not None else ""
         shown = f"`{' '.join(x for x in (r['command'], shown_options(r.get('argv', ''))) if x)}`"
         shown += f" ({r['pair']} pair)" if r.get("pair") and r["command"] != "barrier" else ""

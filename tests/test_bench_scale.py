@@ -56,7 +56,11 @@ def test_the_table_and_merge_keep_one_row_per_measurement() -> None:
     merged = bench_scale.merged({"rows": [row, failed]}, [{**row, "wall_s": 90.0}])
     assert sorted((r["command"], r["wall_s"]) for r in merged) == [("check", 150.0), ("match", 90.0)]
     table = bench_scale.table({"rows": merged}).splitlines()
-    assert "| `check` | failed (error: x) |" in table[2] and "| `match` | 90.0 s | 3.00 GB | 3.0x | 2.0e-06 |" in table[3]
+    # an input error (exit 2) is a refusal, after the time it took; anything else a failure
+    assert "| `check` | refused after 2:30 (error: x) |" in table[2]
+    assert "| `match` | 90.0 s | 3.00 GB | 3.0x | 2.0e-06 |" in table[3]
+    crashed = bench_scale.table({"rows": [{**failed, "rc": 1, "error": "RuntimeError: y"}]}).splitlines()
+    assert "| `check` | failed (RuntimeError: y) |" in crashed[2]
     assert bench_scale.fmt_seconds(150) == "2:30"
 
 
