@@ -32,8 +32,9 @@ def infer_cmd(model_file: str, out: str | None, force: bool, name: str | None, f
     (rotary tables, grouped key/value heads), the MLP units and their nonlinearities; each
     space gets the largest group that evidence allows, and the draft is checked. A space
     whose check fails is shrunk to the next smaller group (GL -> O -> S -> identity) and
-    checked again. Exit 0 when the written spec passes its check, 1 when nothing could be
-    verified, 2 for bad input.
+    checked again. Exit 0 when the written spec passes its check; 1 when nothing could be
+    verified or the draft fails (it is written all the same, marked unverified in its
+    header, each problem listed there); 2 for bad input.
     """
     from pathlib import Path
 
@@ -51,13 +52,15 @@ def infer_cmd(model_file: str, out: str | None, force: bool, name: str | None, f
     with progress_messages("infer") as say:  # a bar on a terminal, a line every few seconds in a log
         result = infer(loaded.model, inputs, name=name, samples=samples, seed=seed, source=str(loaded.source), progress=say)
     ok = result.verified
-    if target is not None and ok:
+    # what failed is written too, marked unverified in its header (exit 1): a user can read
+    # the draft and fix it
+    if target is not None:
         publish_bytes([(target, result.yaml.encode("utf-8"))], force=force)
     if as_json:
-        echo_json({**result.to_dict(), "out": out if (target is not None and ok) else None})
+        echo_json({**result.to_dict(), "out": out})
     else:
-        _summary(result, out if ok else None)
-        if target is None and ok:
+        _summary(result, out)
+        if target is None:
             click.echo(result.yaml, nl=False)
     sys.exit(EXIT_OK if ok else EXIT_FAIL)
 
@@ -93,9 +96,16 @@ def _summary(result, out: str | None) -> None:  # type: ignore[no-untyped-def]
             console.print(f"      {where}: {why}", markup=False, highlight=False)
     for note in result.notes:
         console.print(f"  note: {note}", markup=False, highlight=False)
-    if not result.spaces:
-        console.print("[red]no symmetry could be verified[/]: the spec declares no space")
+    where = f"; wrote it to {out}" if out else ""
+    if result.error is not None:
+        console.print("[red]the draft could not be checked[/]: it does not fit the model", highlight=False)
+        for line in result.error.splitlines():
+            console.print(f"      {line}", markup=False, highlight=False)
+        console.print(f"[red]unverified[/]: the draft is marked so in its header{where}", highlight=False)
+    elif not result.spaces:
+        console.print(f"[red]no symmetry could be verified[/]: the spec declares no space{where}, marked unverified",
+                      highlight=False)
     elif result.passed:
         console.print(f"[green]the spec passes its check[/] ({result.attempts} round(s))" + (f"; wrote {out}" if out else ""))
     else:
-        console.print("[red]the draft still fails its check[/]; nothing written")
+        console.print(f"[red]the draft still fails its check[/]{where}, marked unverified in its header", highlight=False)

@@ -368,6 +368,7 @@ def test_cli_writes_a_spec_that_validates_and_checks(tmp_path: Path) -> None:
     code, _, err = run("infer", EXAMPLES / "nanogpt.py", "--out", out)
     assert code == 0, err
     assert "the spec passes its check" in err and "attn[i]: Heads(H, qk=GL(dh), ov=GL(dh))" in err
+    assert "UNVERIFIED" not in out.read_text()  # only what failed is marked
     assert run("validate", out)[0] == 0
     assert run("check", EXAMPLES / "nanogpt.py", "--spec", out)[0] == 0
     # an existing output needs --force; an input is never an output, even with --force
@@ -389,6 +390,7 @@ def test_cli_json_and_hf_folder(tmp_path: Path) -> None:
     assert code == 0, err
     d = json.loads(text)
     assert d["verified"] and "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)" in {s["group"] for s in d["spaces"]}
+    assert d["error"] is None and d["out"] is None
     assert loads_spec(d["yaml"]).name == d["name"]
 
 
@@ -411,7 +413,58 @@ def test_cli_bad_input_and_nothing_verified(tmp_path: Path) -> None:
     out = tmp_path / "s.yaml"
     code, _, err = run("infer", f, "--out", out)
     assert code == 1, err
-    assert "no symmetry could be verified" in err and not out.exists()
+    assert "no symmetry could be verified" in err and "marked unverified" in err
+    assert out.read_text().startswith("# UNVERIFIED: ")  # written, for the user to read, marked
+
+
+BART = """
+import torch, transformers
+cfg = transformers.BartConfig(vocab_size=23, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                              decoder_attention_heads=4, encoder_ffn_dim=12, decoder_ffn_dim=12, max_position_embeddings=32,
+                              pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+torch.manual_seed(0)
+model = transformers.BartForConditionalGeneration(cfg).eval()
+
+def example_inputs(model, batch=2, seed=0):
+    ids = torch.randint(3, 23, (batch, 8), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "decoder_input_ids": ids[:, :6], "use_cache": False}
+"""
+
+
+def test_a_draft_that_does_not_fit_is_written_unverified_and_exits_1(tmp_path: Path) -> None:
+    # BART's draft does not bind (final_logits_bias, the embedding tie): it used to exit 2,
+    # write nothing, print nothing with --json, and name a file that did not exist
+    pytest.importorskip("transformers")
+    f = tmp_path / "bart.py"
+    f.write_text(BART)
+    out = tmp_path / "bart.yaml"
+    code, stdout, err = run("infer", f, "--out", out, "--samples", "1", "--json")
+    assert code == 1, err
+    report = json.loads(stdout)
+    assert report["verified"] is False and report["out"] == str(out) and report["check"] is None
+    assert "final_logits_bias" in report["error"] and "_inferred.yaml" not in report["error"]
+    text = out.read_text()
+    assert text == report["yaml"] and text.startswith("# UNVERIFIED: ")
+    head = text.split("\n#\n", 1)[0]
+    assert "final_logits_bias" in head and "ties" in head
+    loads_spec(text, "bart.yaml")  # still a spec file (the marks are comments) ...
+    code, _, err = run("check", f, "--spec", out, "--samples", "1")
+    assert code == 2 and "final_logits_bias" in err  # ... that fails as the header says
+    # without --out: the draft on stdout, the problems on stderr
+    code, stdout, err = run("infer", f, "--samples", "1")
+    assert code == 1 and stdout.startswith("# UNVERIFIED: ") and "could not be checked" in err, err
+
+
+def test_a_line_that_fails_is_marked_beside_it() -> None:
+    from symspec.inference.api import unverified
+
+    text = "symspec: 1\nname: x\nspaces:\n  a: S(4)\n"
+    marked = unverified(text, ["the draft:4:3: spaces.a: no"], {4: "spaces.a: no\n more"})
+    assert marked.splitlines()[-1] == "  a: S(4)  # FAILS: spaces.a: no more"
+    assert marked.startswith("# UNVERIFIED: ") and "#   - the draft:4:3: spaces.a: no" in marked
+    import yaml
+
+    assert yaml.safe_load(marked) == yaml.safe_load(text)  # comments only
 
 
 def test_infer_on_the_guides_phi_model_finds_the_guides_finished_spec() -> None:

@@ -23,7 +23,7 @@ import attrs
 import torch
 
 from ..checker import check
-from ..errors import SymspecInputError
+from ..errors import DiagnosticsError, GroupError, SymspecInputError
 from ..graph import trace
 from ..progress import Step
 from ..spec import loads_spec
@@ -61,6 +61,10 @@ class InferResult:
     check: Any
     draft: Draft = attrs.field(repr=False)
     attempts: int = 1
+    #: why the draft could not even be checked (it does not bind to the model, a group
+    #: cannot be built): its problems, one per line; ``yaml`` is then the draft marked
+    #: unverified, each problem in its header and beside the line it names
+    error: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -82,6 +86,7 @@ class InferResult:
             "notes": self.notes,
             "attempts": self.attempts,
             "check": self.check.to_dict() if self.check is not None else None,
+            "error": self.error,
             "yaml": self.yaml,
         }
 
@@ -142,11 +147,18 @@ def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = Non
         model.train(was_training)
     say("reading the graph")
     rounds = _Rounds(model, example_inputs, facts, name, say, dict(samples=samples, seed=seed, dtypes=dtypes))
+    error: DiagnosticsError | GroupError | None = None
+    spec: Any = None
     while True:
-        spec, text = rounds.draft_spec()
-        if not verify:
+        text = rounds.draft_text()
+        try:  # a draft that does not bind, or names a group that cannot be built, is a draft that failed
+            spec = loads_spec(text, DRAFT)
+            if not verify:
+                break
+            report = rounds.check(spec)
+        except (DiagnosticsError, GroupError) as e:
+            error = e
             break
-        report = rounds.check(spec)
         if report.passed or rounds.attempts >= max_rounds or not rounds.shrink(report):
             break
     draft = rounds.draft
@@ -155,8 +167,35 @@ def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = Non
               for sp in draft.spaces.values() if sp.alive]
     gone = [(sp.key(), f"every group failed the check ({'; '.join(f'{a}: {w}' for a, _, w in sp.history)})")
             for sp in draft.spaces.values() if not sp.alive]
+    problems: list[str] = []
+    if error is not None:
+        rounds.report = None
+        problems = [str(d) for d in error.diagnostics] if isinstance(error, DiagnosticsError) else [str(error)]
+        lines = {d.loc.line: d.message for d in getattr(error, "diagnostics", ()) if d.loc.file == DRAFT and d.loc.line}
+        text = unverified(text, problems, lines)
+    elif verify and rounds.report is not None and not (rounds.report.passed and spaces):
+        failed = [f"{r.space}: max rel err {r.max_rel:.1e}" for r in rounds.report.failed_rows()]
+        text = unverified(text, failed or ["the draft declares no symmetry"], {})
     return InferResult(spec, text, spaces, list(draft.unexplained) + gone, list(draft.notes), rounds.report, draft,
-                       rounds.attempts)
+                       rounds.attempts, "\n".join(problems) or None)
+
+
+#: the name the draft's problems are located in (it is not a file until it is written)
+DRAFT = "the draft"
+
+
+def unverified(text: str, problems: list[str], lines: dict[int, str]) -> str:
+    """``text`` (a draft's YAML) marked unverified: a header that says so and lists
+    ``problems``, and each line that ``lines`` names (1-based line -> message) with its
+    problem beside it as a comment. The YAML reads the same (comments only)."""
+    body = text.splitlines()
+    for n, message in lines.items():
+        if 1 <= n <= len(body):
+            body[n - 1] += f"  # FAILS: {' '.join(message.split())}"
+    head = ["# UNVERIFIED: `symspec infer` could not verify this draft. Fix what is listed here, then run",
+            "# `symspec check MODEL --spec THIS_FILE` until it passes; do not align models with it before.",
+            *(f"#   - {' '.join(p.split())}" for p in problems), "#"]
+    return "\n".join([*head, *body]) + "\n"
 
 
 class _Rounds:
@@ -172,12 +211,11 @@ class _Rounds:
         self.attempts = 0
         self.history: dict[str, list[tuple[str, str, str]]] = {}
 
-    def draft_spec(self) -> tuple[Any, str]:
-        """The draft as it stands, written and read back (a new round)."""
+    def draft_text(self) -> str:
+        """The draft as it stands, written (a new round)."""
         self.attempts += 1
         _restore_history(self.draft, self.history)
-        text = render(self.draft, _header(self.draft))
-        return loads_spec(text, f"{self.name}.yaml"), text
+        return render(self.draft, _header(self.draft))
 
     def check(self, spec: Any) -> Any:
         r = self.attempts
