@@ -668,3 +668,21 @@ def test_a_model_without_parameters_is_named_and_nothing_is_written(tmp_path: Pa
                           "        self.fc1, self.fc2 = torch.nn.Linear(4, 6), torch.nn.Linear(6, 4)\n"))
     code, _, err = run("infer", f, "--out", out)
     assert code == 0 and out.exists(), err
+
+
+def test_a_space_no_binding_carries_is_left_out_and_said() -> None:
+    # Falcon's new decoder layout (GQA in one fused projection): the draft declared
+    # 'attn[i]: Heads(...)' with no parameter bound to it, and its check passed without a row
+    # for it; a spec now refuses such a space, and inference leaves it out and says why
+    pytest.importorskip("transformers")
+    from .infer_zoo import _hf
+
+    model, inputs = _hf("FalconForCausalLM", "FalconConfig", new_decoder_architecture=True, num_kv_heads=2,
+                        num_attention_heads=4, hidden_size=16)(0)
+    result = infer(model, inputs, samples=1)
+    assert result.verified, result.yaml
+    assert "attn" not in {s.name.split("[")[0] for s in result.spaces}
+    why = dict(result.unexplained)
+    assert "no parameter's binding carries it" in why.get("attn[i]", ""), result.unexplained
+    assert {r.space for r in result.check.rows} >= {"resid", "mlp[*]"}
+    assert "no parameter's binding carries it" in result.yaml  # in the header, for the reader

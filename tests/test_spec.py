@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import keyword
 import re
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def errors_of(text: str, file: str = "spec.yaml") -> list[str]:
 
 # -- round trip ---------------------------------------------------------------------------
 
-names = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True).filter(lambda s: s not in ("cat", "dual", "abs", "config"))
+names = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True).filter(
+    lambda s: s not in ("cat", "dual", "abs", "config") and not keyword.iskeyword(s))
 
 
 @st.composite
@@ -89,6 +91,8 @@ def specs(draw: st.DrawFn) -> Spec:
     steps = ()
     if draw(st.booleans()):
         steps = (StepDecl.make("center", {"writers": {params[0].pattern: 0}}),)
+    used = {t.space for p in params if p.axes for a in p.axes if a is not None for t in a.terms()}
+    spaces = [s for s in spaces if s.name in used]  # a space no parameter binds is refused
     return Spec(name=draw(names), dims=dims, spaces=tuple(spaces), params=tuple(params), canonicalize=steps)
 
 
@@ -246,7 +250,8 @@ def test_json_schema_accepts_valid_and_rejects_invalid_documents() -> None:
 # -- group expressions: parsed once, checked without dimensions, evaluated with them -------
 
 def test_group_text_is_parsed_once_and_evaluates_with_the_dimensions() -> None:
-    spec = loads_spec(MINIMAL.replace("resid: O(d)", "resid: O(d)\n  attn: Heads(2, qk=GL(d / 2), ov=GL(d / 2), kv=1)"))
+    spec = loads_spec(MINIMAL.replace("resid: O(d)", "resid: O(d)\n  attn: Heads(2, qk=GL(d / 2), ov=GL(d / 2), kv=1)")
+                      + "  q: [attn.qk, resid*]\n")
     attn = spec.space("attn")
     assert attn.expr is parse_group_expr(attn.group)  # the parsed form is reused
     assert attn.expr.names == {"d"}
@@ -254,6 +259,15 @@ def test_group_text_is_parsed_once_and_evaluates_with_the_dimensions() -> None:
     assert str(attn.expr.evaluate(DimContext({"d": 8}))) == "Heads(2, qk=GL(4), ov=GL(4), kv=1)"
     with pytest.raises(GroupError, match="must divide"):  # sizes are checked with the dimensions
         parse_group_expr("Heads(d, GL(2), kv=3)").evaluate(DimContext({"d": 8}))
+
+
+def test_a_space_no_parameter_binds_is_refused() -> None:
+    # a Falcon draft declared head maps no parameter carried, and its check passed with no row for them
+    errs = errors_of(MINIMAL.replace("resid: O(d)", "resid: O(d)\n  attn[i]: Heads(2, qk=GL(2), ov=GL(2))"))
+    assert errs == ["spec.yaml:7:3: spaces.attn[i]: space 'attn[i]' is declared but no parameter is bound to it, so "
+                    "nothing would check it; bind it on the axes it acts on under params, or remove it"], errs
+    loads_spec(MINIMAL.replace("resid: O(d)", "resid: O(d)\n  attn: Heads(2, qk=GL(2), ov=GL(2))")
+               + "  q: [attn.qk, resid*]\n")  # the control: bound, it loads
 
 
 @pytest.mark.parametrize(("group", "message"), [

@@ -22,6 +22,13 @@ _TEXT = st.lists(st.one_of(st.sampled_from(_SPECIALS), st.text(max_size=4)), max
 _NAME = _TEXT.filter(lambda s: bool(s.strip()) and s.isprintable())
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _import_models_first() -> None:
+    """tests/test_infer.py defines @given tests at import: imported while a strategy draws
+    (_inferred, run alone), hypothesis refuses the nesting."""
+    import tests.test_infer  # noqa: F401
+
+
 @functools.cache
 def _inferred() -> tuple[Spec, ...]:
     """Specs inference drafts for the small test models (unchecked: the spec, not its truth)."""
@@ -37,6 +44,8 @@ def specs(draw: st.DrawFn) -> tuple:
     spec = draw(st.sampled_from([*map(load_spec, builtin_names()), *_inferred()]))
     spaces = tuple(attrs.evolve(s, doc=draw(_TEXT)) for s in spec.spaces)
     params = tuple(attrs.evolve(p, doc=draw(_TEXT)) for p in spec.params if draw(st.booleans()) or p is spec.params[0])
+    used = {t.space for p in params if p.axes for a in p.axes if a is not None for t in a.terms()}
+    spaces = tuple(s for s in spaces if s.name in used)  # a space no parameter binds is refused
     spec = attrs.evolve(spec, name=draw(_NAME), description=draw(_TEXT), spaces=spaces, params=params)
     notes = {("params", p.pattern): draw(_TEXT) for p in params}
     notes |= {("dims", d.name): draw(_TEXT) for d in spec.dims}

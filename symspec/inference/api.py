@@ -29,7 +29,7 @@ from ..progress import Step
 from ..spec import loads_spec
 from .builder import build
 from .draft import Draft
-from .render import render
+from .render import render, to_spec
 from .walk import Facts, read_graph
 
 
@@ -166,7 +166,7 @@ def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = Non
                           [f"{a} -> {b}: {why}" for a, b, why in sp.history])
               for sp in draft.spaces.values() if sp.alive]
     gone = [(sp.key(), f"every group failed the check ({'; '.join(f'{a}: {w}' for a, _, w in sp.history)})")
-            for sp in draft.spaces.values() if not sp.alive]
+            for sp in draft.spaces.values() if not sp.alive and sp.history]  # (one left out unbound is listed already)
     problems: list[str] = []
     if error is not None:
         rounds.report = None
@@ -212,9 +212,18 @@ class _Rounds:
         self.history: dict[str, list[tuple[str, str, str]]] = {}
 
     def draft_text(self) -> str:
-        """The draft as it stands, written (a new round)."""
+        """The draft as it stands, written (a new round). A space the graph showed but
+        no parameter's binding carries is left out (a spec refuses it: nothing would
+        check it), and listed with what stayed invariant."""
         self.attempts += 1
         _restore_history(self.draft, self.history)
+        spec, _ = to_spec(self.draft)
+        used = {t.space for p in spec.params if p.axes for a in p.axes if a is not None for t in a.terms()}
+        for sp in self.draft.spaces.values():
+            if sp.alive and sp.base not in used:
+                self.draft.unexplained.append((sp.key(), f"{sp.group_text()} was read from the graph, but no parameter's "
+                                               "binding carries it (a layout inference does not read): left out"))
+                sp.group = "Id"
         return render(self.draft, _header(self.draft))
 
     def check(self, spec: Any) -> Any:
@@ -316,7 +325,7 @@ def _header(draft: Draft) -> list[str]:
             lines.append(f"  - {e}")
         for a, b, why in sp.history:
             lines.append(f"  - {a} failed the check ({why}); shrunk to {b}")
-    dead = [sp for sp in draft.spaces.values() if not sp.alive]
+    dead = [sp for sp in draft.spaces.values() if not sp.alive and sp.history]
     if draft.unexplained or dead:
         lines += ["", "Left invariant (no symmetry declared):"]
         for where, why in draft.unexplained:

@@ -7,6 +7,7 @@ Validation collects every error of a file and reports each as
 from __future__ import annotations
 
 import ast
+import keyword
 import re
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,7 @@ def _structure(src: Source) -> Spec | None:
                                           if isinstance(raw_dims, dict) else set())
     spaces, groups = _spaces(src, data.get("spaces"), dim_names)
     params = _params(src, data.get("params"), {s.name: s for s in spaces}, groups, dim_names)
+    _check_bound(src, spaces, params)
     ties = _ties(src, data.get("ties", []))
     steps = _steps(src, data.get("canonicalize", []))
     return Spec(
@@ -148,6 +150,20 @@ def _structure(src: Source) -> Spec | None:
     )
 
 
+def _check_bound(src: Source, spaces: list[SpaceDecl], params: list[ParamDecl]) -> None:
+    """Every declared space is bound to some parameter's axis: a space nothing binds acts
+    on nothing, and its check (no row) would pass without testing it (a Falcon draft
+    declared head maps that no parameter carried, and passed). Only where the params
+    section parsed without errors (an axis that did not parse names nothing)."""
+    if src.diagnostics:
+        return
+    used = {t.space for p in params if p.axes for ax in p.axes if ax is not None for t in ax.terms()}
+    for sp in spaces:
+        if sp.name not in used:
+            src.error(("spaces", sp.key), f"space '{sp.key}' is declared but no parameter is bound to it, so nothing would "
+                      "check it", "bind it on the axes it acts on under params, or remove it", at_key=True)
+
+
 def _dims(src: Source, raw: Any) -> list[DimDecl]:
     if raw in (None, {}):
         return []
@@ -162,6 +178,10 @@ def _dims(src: Source, raw: Any) -> list[DimDecl]:
         path = ("dims", name)
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name == "config":
             src.error(path, f"'{name}' is not a valid dimension name", at_key=True)
+            continue
+        if keyword.iskeyword(name):  # expressions are Python's: 'S(as)' would not parse
+            src.error(path, f"'{name}' is a Python keyword, which a group or dimension expression cannot name; "
+                      "use another name", at_key=True)
             continue
         try:
             node = parse_expr(expr)
