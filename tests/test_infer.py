@@ -686,3 +686,45 @@ def test_a_space_no_binding_carries_is_left_out_and_said() -> None:
     assert "no parameter's binding carries it" in why.get("attn[i]", ""), result.unexplained
     assert {r.space for r in result.check.rows} >= {"resid", "mlp[*]"}
     assert "no parameter's binding carries it" in result.yaml  # in the header, for the reader
+
+
+CONVNEXT = """
+import torch, timm
+torch.manual_seed(0)
+model = timm.create_model("convnext_atto", pretrained=False, num_classes=5, dims=(8, 16, 32, 64), depths=(1, 1, 1, 1)).eval()
+
+def example_inputs(model, batch=2, seed=0):
+    return (torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(seed)),)
+"""
+
+
+def test_a_model_inference_does_not_cover_is_one_line_and_nothing_written(tmp_path: Path) -> None:
+    # ConvNeXt: 42 lines of contradicting shapes before; now one line, exit 2, nothing written
+    pytest.importorskip("timm")
+    f = tmp_path / "convnext.py"
+    f.write_text(CONVNEXT)
+    out = tmp_path / "cn.yaml"
+    code, out_text, err = run("infer", f, "--out", out, "--samples", "1")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: ") and not out_text, err
+    assert "ConvNeXt has no attention" in err and "4 widths (8, 16, 32, 64)" in err and not out.exists()
+
+
+class _NormedMLP(nn.Module):
+    """No attention, one width: inference covers it (the control of the refusal above)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(6) for _ in range(2))
+        self.ups = nn.ModuleList(nn.Linear(6, 10) for _ in range(2))
+        self.downs = nn.ModuleList(nn.Linear(10, 6) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for norm, up, down in zip(self.norms, self.ups, self.downs):
+            x = x + down(F.relu(up(norm(x))))
+        return x
+
+
+def test_no_attention_with_one_width_is_still_inferred() -> None:
+    torch.manual_seed(0)
+    result = infer(_NormedMLP().eval(), (torch.randn(3, 6),), samples=1)
+    assert result.verified and result.spaces, result.yaml

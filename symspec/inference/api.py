@@ -105,6 +105,25 @@ def read_model(model: torch.nn.Module, example_inputs: Any) -> Facts:
     return read_graph(mg.gm, model)
 
 
+def _refuse_uncovered(facts: Facts, cls: str, source: str | None) -> None:
+    """A model inference does not cover, in one line: no attention and norms of several
+    widths (a ConvNeXt's stages) is not a Transformer with one residual stream, and its
+    draft could only be many lines of contradicting shapes."""
+    if facts.attentions:
+        return
+    widths = set()
+    for norm in facts.norms:
+        val = getattr(facts.nodes.get(norm.output), "meta", {}).get("val")
+        shape = getattr(val, "shape", None)
+        if shape:
+            widths.add(int(shape[-1]))  # the normalised axis
+    if len(widths) > 1:
+        raise InferError(
+            f"{source + ': ' if source else ''}{cls} has no attention, and its norms have {len(widths)} widths "
+            f"({', '.join(map(str, sorted(widths)))}): inference covers Transformers, whose blocks read and write "
+            "one residual stream of one width; write its spec by hand (docs/spec-language.md)")
+
+
 def name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a spec's name (None when it can): a spec's name is printable
     text on one line, not blank.
@@ -145,6 +164,7 @@ def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = Non
         facts = read_model(model, example_inputs)
     finally:
         model.train(was_training)
+    _refuse_uncovered(facts, cls, source)
     say("reading the graph")
     rounds = _Rounds(model, example_inputs, facts, name, say, dict(samples=samples, seed=seed, dtypes=dtypes))
     error: DiagnosticsError | GroupError | None = None
