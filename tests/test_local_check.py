@@ -213,3 +213,42 @@ def test_a_forward_set_on_a_block_instance_is_called_and_kept() -> None:
     # (the whole check's deep copy would call the original layer: local only)
     assert check(model, loads_spec(_TIED_SPEC.format(group="S(f)"), "tied.yaml"), tokens, samples=1).passed
     assert seen and layer.forward is hooked
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scratch_canonical_values_equal_the_state_dict_canonical_form(dtype: torch.dtype) -> None:
+    """The local check's float64 canonical values, computed on scratch copies that its
+    steps change in place (a fold into the tied head, the centred embedding), are the
+    canonical form of the whole state dict, and leave the model's own tensors as they were."""
+    from symspec.checker.local import Weights
+    from symspec.transforms.canonicalize import canonicalize_state_dict
+
+    model, _ = ZOO["qwen2"](seed=3, tie=True)
+    model = model.to(dtype)
+    bound = bind(symspec.spec.load_spec("qwen2"), model)
+    original = dict(model.state_dict(keep_vars=False))
+    before = {k: v.clone() for k, v in original.items()}
+    reference = canonicalize_state_dict(bound, {k: v.double() for k, v in original.items()})
+    assert not torch.equal(reference["lm_head.weight"], reference["model.embed_tokens.weight"])  # a norm folded in
+    for name in original:  # one at a time: a twin no step reads after the untie is dropped first
+        got = Weights(bound, original).canonical([name])[name]
+        assert got.dtype == torch.float64 and torch.equal(got, reference[name]), name
+    together = Weights(bound, original).canonical(list(original))
+    assert all(torch.equal(together[n], reference[n]) for n in original)
+    assert all(torch.equal(original[k], before[k]) for k in original)
+
+
+def test_steps_write_in_place_only_a_scratch_copy_no_twin_shares() -> None:
+    from symspec.canonical import OwnedState, writable
+    from symspec.canonical.center import Center
+
+    x, y = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    sd = OwnedState(a=x, b=x, c=y)
+    sd.owned |= {id(x), id(y)}
+    assert writable(sd, "c") and not writable(sd, "a")  # a and b share x
+    assert not writable({"c": y}, "c")  # a plain dict: never
+    op = type("Op", (), {"args": {"writers": [{"param": "a", "axis": 1}, {"param": "c", "axis": 1}]}})()
+    x0, y0 = x.clone(), y.clone()
+    Center.apply(Center(), op, sd)
+    assert sd["c"] is y and torch.allclose(y, y0 - y0.mean(1, keepdim=True))  # centred in place
+    assert sd["a"] is not x and torch.equal(x, x0) and torch.equal(sd["b"], x0)  # the twin untouched

@@ -11,7 +11,16 @@ loading, binding, the transforms and the checker all go through these classes.
 ['untie', 'fold_norm', 'center']
 """
 
-from .base import STEPS, BindContext, CanonicalizationError, CanonOp, CanonStep, register
+from .base import (
+    STEPS,
+    BindContext,
+    CanonicalizationError,
+    CanonOp,
+    CanonStep,
+    OwnedState,
+    register,
+    writable,
+)
 from .center import Center
 from .fold_norm import FoldNorm
 from .untie import Untie, untie_module
@@ -19,5 +28,5 @@ from .untie import Untie, untie_module
 for _kind in (Untie, FoldNorm, Center):  # in the order error messages and the schema list them
     register(_kind)
 
-__all__ = ["STEPS", "BindContext", "CanonOp", "CanonStep", "CanonicalizationError", "Center", "FoldNorm", "Untie",
-           "register", "untie_module"]
+__all__ = ["STEPS", "BindContext", "CanonOp", "CanonStep", "CanonicalizationError", "Center", "FoldNorm", "OwnedState",
+           "Untie", "register", "untie_module", "writable"]

@@ -93,6 +93,26 @@ class BindContext:
                        f"declare '- untie: {name}' before this step")
 
 
+class OwnedState(dict):  # type: ignore[type-arg]
+    """A state dict whose tensors listed in ``owned`` (by id) are the caller's own
+    scratch copies: a step may write those in place instead of allocating a new tensor
+    (a [vocab, d] head is not held twice in float64), where no other entry shares it.
+    A plain dict: every step replaces the tensors it changes, as always."""
+
+    owned: set[int]
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.owned = set()
+
+
+def writable(sd: Mapping[str, torch.Tensor], name: str) -> bool:
+    """May ``sd[name]`` be changed in place: the caller owns it (:class:`OwnedState`) and
+    no other entry holds the same tensor (a tied twin)."""
+    t = sd[name]
+    return id(t) in getattr(sd, "owned", ()) and not any(v is t for k, v in sd.items() if k != name)
+
+
 class CanonStep(ABC):
     """The implementation of one step kind (see the module's docstring); its syntax (doc,
     arguments) is the spec language's declaration of the same name."""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 import attrs
 import torch
 
-from .base import BindContext, CanonOp, CanonStep
+from .base import BindContext, CanonOp, CanonStep, writable
 
 if TYPE_CHECKING:
     from ..spec.model import StepDecl
@@ -36,7 +36,10 @@ class Center(CanonStep):
     def apply(self, op: CanonOp, sd: dict[str, torch.Tensor]) -> None:
         for w in op.args["writers"]:
             x = sd[w["param"]]
-            sd[w["param"]] = x - x.mean(dim=w["axis"], keepdim=True)
+            if writable(sd, w["param"]):  # a scratch copy: centred where it is
+                x.sub_(x.mean(dim=w["axis"], keepdim=True))
+            else:
+                sd[w["param"]] = x - x.mean(dim=w["axis"], keepdim=True)
 
     def pieces(self, op: CanonOp) -> list[CanonOp]:
         """One writer at a time: only one writer's centred copy (the embedding, for a

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import Location
 from ..spec.templates import fill
-from .base import BindContext, CanonicalizationError, CanonOp, CanonStep
+from .base import BindContext, CanonicalizationError, CanonOp, CanonStep, writable
 
 if TYPE_CHECKING:
     from ..spec.model import StepDecl
@@ -96,7 +96,10 @@ class FoldNorm(CanonStep):
                 contrib = torch.tensordot(w, bias.to(w.dtype), dims=([ax], [0]))  # type: ignore[union-attr]
                 b = sd[r["bias"]]
                 sd[r["bias"]] = b + contrib.reshape(b.shape).to(b.dtype)
-            sd[r["weight"]] = w * _along(gain.to(w.dtype), ax, w.ndim)
+            if writable(sd, r["weight"]):  # a scratch copy: scaled where it is
+                w.mul_(_along(gain.to(w.dtype), ax, w.ndim))
+            else:
+                sd[r["weight"]] = w * _along(gain.to(w.dtype), ax, w.ndim)
         # the stored weight that makes the factor 1: 1 - offset (0 for Gemma)
         sd[op.args["gain"]] = torch.full_like(stored, 1 - offset) if offset else torch.ones_like(stored)
         if fold_bias and bias_name:

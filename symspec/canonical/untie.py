@@ -9,7 +9,7 @@ import torch
 
 from ..spec.templates import matches
 from ..statedict import storage_key
-from .base import BindContext, CanonOp, CanonStep
+from .base import BindContext, CanonOp, CanonStep, OwnedState, writable
 
 if TYPE_CHECKING:
     from ..spec.model import StepDecl
@@ -62,7 +62,10 @@ class Untie(CanonStep):
     def apply(self, op: CanonOp, sd: dict[str, torch.Tensor]) -> None:
         # in a state dict the entry gets its own copy; on a module, apply_module unties it
         name = op.args["param"]
-        sd[name] = sd[name].clone()
+        if not writable(sd, name):  # a scratch copy no twin shares is its own already
+            sd[name] = sd[name].clone()
+            if isinstance(sd, OwnedState):
+                sd.owned.add(id(sd[name]))
 
     def apply_module(self, op: CanonOp, module: torch.nn.Module) -> None:
         untie_module(module, op.args["param"])

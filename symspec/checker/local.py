@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..binding import BoundSpec
-from ..canonical import CanonOp
+from ..canonical import CanonOp, OwnedState
 from ..groups import Element
 from ..precision import KeepFloat64
 from ..problem import ParamBinding, Problem
@@ -76,11 +76,23 @@ class Weights:
             if self.touch[i] & need:
                 need |= {t for n in self.touch[i] for t in self.group(n)}
                 chosen.append(i)
-        sd: dict[str, torch.Tensor] = {}
+        # float64 scratch copies the steps may change in place (OwnedState): a fold into a
+        # [vocab, d] head, a centred embedding, an untie of a twin no one reads after it
+        # do not hold a second float64 copy of it
+        sd = OwnedState()
         for n in need:
             first = self.group(n)[0] if self.group(n)[0] in sd else n
-            sd[n] = sd[first] if first in sd else self.original[n].detach().to(torch.float64)
-        for i in reversed(chosen):
+            if first in sd:
+                sd[n] = sd[first]
+            else:
+                x = self.original[n].detach()
+                sd[n] = x.to(torch.float64, copy=True)
+                sd.owned.add(id(sd[n]))
+        order = list(reversed(chosen))
+        for k, i in enumerate(order):
+            later = set().union(*(self.touch[j] for j in order[k:]))
+            for n in [n for n in sd if n not in want and n not in later]:  # read by no step left
+                del sd[n]
             before = {n: id(sd[n]) for n in self.touch[i]}  # ids: an old value is freed once replaced
             self.ops[i].impl.apply(self.ops[i], sd)
             for n in self.touch[i]:
