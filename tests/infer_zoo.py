@@ -55,6 +55,36 @@ def _timm(name: str, **kw: Any) -> Callable[[int], tuple[torch.nn.Module, Any]]:
     return build
 
 
+class _ClipTextEmbeds(torch.nn.Module):
+    """CLIP's text tower as its embedding: the end-of-text token's residual, picked by
+    ``h[arange(B), ids.argmax(-1)]`` after the final norm, projected."""
+
+    def __init__(self, cfg: Any) -> None:
+        import transformers
+
+        super().__init__()
+        self.clip = transformers.CLIPTextModelWithProjection(cfg)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.clip(input_ids=input_ids).text_embeds
+
+
+def _clip_text(seed: int = 0) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.CLIPTextConfig(vocab_size=23, hidden_size=16, intermediate_size=12, num_hidden_layers=2,
+                                          num_attention_heads=4, max_position_embeddings=16, projection_dim=8,
+                                          bos_token_id=0, pad_token_id=1, eos_token_id=2)
+        model = _ClipTextEmbeds(cfg).eval()
+    randomize_(model, seed)
+    ids = torch.randint(3, 23, (2, 8), generator=torch.Generator().manual_seed(seed))
+    ids[:, -2:] = 2  # the end-of-text token the pooled output picks (its first occurrence)
+    return model, (ids,)
+
+
 NEW: dict[str, tuple[Callable[..., tuple[torch.nn.Module, Any]], dict[str, str]]] = {
     # partial rotary (half of each head rotates), attention and MLP in parallel off one LayerNorm
     "phi": (_hf("PhiForCausalLM", "PhiConfig", partial_rotary_factor=0.5),
@@ -99,4 +129,6 @@ NEW: dict[str, tuple[Callable[..., tuple[torch.nn.Module, Any]], dict[str, str]]
     # timm ViT without a class token: register tokens and mean pooling before the head
     "vit_registers_avgpool": (_timm("vit_tiny_patch16_224", class_token=False, global_pool="avg", reg_tokens=2),
                               {"resid": "OC(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh))", "mlp": "S(f)"}),
+    # CLIP's text embedding: the pooled end-of-text token, x[rows, cols] with two index tensors
+    "clip_text": (_clip_text, {"resid": "OC(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh))", "mlp": "S(f)"}),
 }

@@ -293,6 +293,15 @@ def _keeps_last(u: fx.Node) -> bool:
     return not any(int(d) % len(xs) == len(xs) - 1 for d in dims)
 
 
+def _index_keeps_last(u: fx.Node) -> bool:
+    """Does ``u`` (``x[i0, i1, ...]``) index only dims before the last one of a tensor of
+    three or more dims (CLIP's pooled token: ``h[arange(B), ids.argmax(-1)]``)?"""
+    xs = shape_of(u.args[0])
+    idx = u.args[1] if len(u.args) > 1 else None
+    return (xs is not None and len(xs) >= 3 and isinstance(idx, (list, tuple))
+            and len(idx) < len(xs) and any(t is not None for t in idx))
+
+
 def _rows_only(u: fx.Node) -> bool:
     """Does ``u`` gather or repeat rows (dim 0) of a matrix, or add a trailing unit dim,
     leaving the features as they are?"""
@@ -332,7 +341,7 @@ def _consumers(r: Reader, facts: Facts) -> None:
                     out += [("linear", lin.weight, lin.read_axis) for lin in lins]
                 elif op in TRANSPARENT or op in ("view", "reshape", "_unsafe_view", "alias") or (op in ("select", "slice", "mean") and _keeps_last(u)):
                     todo.append(u)
-                elif op in ("index", "repeat_interleave", "unsqueeze") and _rows_only(u):
+                elif (op in ("index", "repeat_interleave", "unsqueeze") and _rows_only(u)) or (op == "index" and _index_keeps_last(u)):
                     todo.append(u)  # rows gathered or repeated for the experts that read them
                 elif op == "output":
                     out.append(("output", "", -1))

@@ -174,8 +174,10 @@ class LayerRules:
         if lay is None or shape is None or not isinstance(idx, (list, tuple)):
             return self.opaque(n, "index")
         pos = [i for i, t in enumerate(idx) if t is not None]
-        if len(pos) != 1 or not isinstance(idx[pos[0]], fx.Node):
+        if not pos or not all(isinstance(idx[i], fx.Node) for i in pos):
             return self.opaque(n, "index")
+        if len(pos) > 1:  # x[rows, cols]: CLIP's pooled token (arange(B), argmax of the ids)
+            return self._index_several(n, shape, x, lay, pos, [idx[i] for i in pos])
         i, t = pos[0], idx[pos[0]]
         width = len(shape_of(t) or ())
         if len(shape) != len(lay) - 1 + width:
@@ -194,6 +196,22 @@ class LayerRules:
         elif self.feat(x) and lay[i]:
             self.ax.tag(lay[i], "gather")
         self.lay[n.name] = [*lay[:i], *self.fresh_layouts(shape[i : i + width]), *lay[i + 1 :]]
+
+    def _index_several(self, n: fx.Node, shape: Any, x: fx.Node, lay: list[Any], pos: list[int],
+                       tensors: list[fx.Node]) -> None:
+        """``x[i0, i1]`` with index tensors on adjacent dims (broadcast together): those dims
+        are indexed by data (no symmetry acts on them) and replaced, where the first was,
+        by the index tensors' broadcast dims; every other dim as it was. Index tensors on
+        dims apart move the result's dims to the front: not read."""
+        width = max(len(shape_of(t) or ()) for t in tensors)
+        if pos != list(range(pos[0], pos[0] + len(pos))) or len(shape) != len(lay) - len(pos) + width:
+            return self.opaque(n, "index")
+        if self.feat(x):
+            for i in pos:
+                if lay[i]:
+                    self.ax.tag(lay[i], "gather")
+        first, last = pos[0], pos[-1] + 1
+        self.lay[n.name] = [*lay[:first], *self.fresh_layouts(shape[first : first + width]), *lay[last:]]
 
     def op_repeat_interleave(self, n: fx.Node, shape: Any) -> None:
         """Rows repeated (a token copied once per picked expert): the other dims as they were."""
