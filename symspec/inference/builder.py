@@ -73,6 +73,7 @@ class _Builder(SpacePlans, Bindings):
         self.expert_spaces(experts)
         self.scales()
         params = self.bindings(folded_gains, folded_biases, unfoldable)
+        self.buffers_invariant(params)
         ties, untie = self.plan_ties(folds)
         centre = self.plan_center(folds) if self.center_ok else {}
         self.name_dims()
@@ -81,6 +82,17 @@ class _Builder(SpacePlans, Bindings):
         draft = Draft(self.name, type(self.model).__name__, self.dims, self.spaces, params, self.param_notes,
                       ties, untie, folds, centre, self.notes, self.unexplained, self.views)
         return draft
+
+    def buffers_invariant(self, params: dict[str, Any]) -> None:
+        """The model's floating-point buffers that its state dict keeps (BART's
+        ``final_logits_bias``): a spec accounts for every such entry. The graph shows them
+        as fixed tables, which leave the classes they touch invariant, so they are
+        declared invariant; the check verifies it like everything else."""
+        own = {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
+        for name, t in self.model.state_dict(keep_vars=True).items():
+            if name not in own and name not in params and isinstance(t, torch.Tensor) and t.is_floating_point():
+                params[name] = "invariant"
+                self.param_notes[name] = "a buffer the state dict keeps: a fixed table"
 
     # -- mixtures of experts -------------------------------------------------------------
     def expert_groups(self) -> list[dict[str, Any]]:

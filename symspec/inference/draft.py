@@ -110,7 +110,8 @@ class Draft:
     spaces: dict[str, Space]
     params: dict[str, list[AxisExpr] | str]  # name -> axes, or "invariant"
     param_notes: dict[str, str]
-    ties: list[tuple[str, str]]
+    #: each tie of the model, all the names sharing one tensor (T5: shared, both embeddings, lm_head)
+    ties: list[tuple[str, ...]]
     untie: list[str]
     folds: list[Fold]
     center: dict[str, int]

@@ -172,8 +172,9 @@ class Bindings:
         return self._signed_cache
 
     # -- ties and centring -------------------------------------------------------------
-    def plan_ties(self, folds: list[Fold]) -> tuple[list[tuple[str, str]], list[str]]:
-        ties, untie = [], []
+    def plan_ties(self, folds: list[Fold]) -> tuple[list[tuple[str, ...]], list[str]]:
+        ties: list[tuple[str, ...]] = []
+        untie: list[str] = []
         done: set[str] = set()
         folded_into = {w for fold in folds for w, _, _ in fold.into} | {b for fold in folds if fold.fold_bias for _, _, b in fold.into if b}
         for pname, names in self.f.aliases.items():
@@ -182,8 +183,7 @@ class Bindings:
             done.update(names)
             used = [n for n in names if n in self.f.param_atoms]
             first = names[0]
-            for other in names[1:]:
-                ties.append((first, other))
+            ties.append(tuple(names))  # one tie for all the names: a spec declares a shared tensor whole
             # a fold that changes one side of a tie and not the other: the spec unties it
             for n in names[1:]:
                 if n in folded_into or (first in folded_into and n not in folded_into):

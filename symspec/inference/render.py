@@ -54,7 +54,7 @@ def to_spec(draft: Draft) -> tuple[Spec, dict[NoteKey, str]]:
     steps = _steps(draft, notes)
     params = _params(draft, notes)
     spec = Spec(draft.name, 1, f"inferred by symspec infer from the traced graph of {draft.model_class}", (draft.model_class,),
-                tuple(dims), spaces, params, tuple(TieDecl((a, b)) for a, b in draft.ties), steps)
+                tuple(dims), spaces, params, tuple(TieDecl(tuple(t)) for t in draft.ties), steps)
     return spec, notes
 
 

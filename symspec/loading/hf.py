@@ -18,25 +18,41 @@ from .usercode import describe_failure
 
 
 def hf_example_inputs(model: torch.nn.Module, batch: int = 2, seed: int = 0, length: int = 16) -> dict[str, torch.Tensor]:
-    """Random inputs for a Hugging Face model, from its config and main input name."""
+    """Random inputs for a Hugging Face model, from its config and main input name: token
+    ids, images, or an audio model's features (Whisper's log-mel frames); an
+    encoder-decoder (T5, BART, Whisper) gets the decoder's token ids too."""
     cfg = getattr(model, "config", None)
     name = getattr(model, "main_input_name", "input_ids")
     g = torch.Generator().manual_seed(seed)
+    inputs: dict[str, torch.Tensor] = {}
     if name == "input_ids":
-        vocab = getattr(cfg, "vocab_size", None)
-        if vocab is None:
-            raise ModelLoadError(f"{type(model).__name__}: its config has no vocab_size to draw input ids from")
-        limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or length
-        inputs: dict[str, torch.Tensor] = {"input_ids": torch.randint(vocab, (batch, min(length, limit)), generator=g)}
-        if "use_cache" in inspect.signature(model.forward).parameters:
-            inputs["use_cache"] = False  # type: ignore[assignment]
-        return inputs
-    if name == "pixel_values":
+        inputs["input_ids"] = _token_ids(model, cfg, batch, length, g)
+    elif name == "pixel_values":
         size = getattr(cfg, "image_size", 224)
         size = size if isinstance(size, int) else size[0]
         ch = getattr(cfg, "num_channels", 3)
-        return {"pixel_values": torch.randn(batch, ch, size, size, generator=g)}
-    raise ModelLoadError(f"{type(model).__name__}: no default inputs for main input '{name}'; use a model file with example_inputs")
+        inputs["pixel_values"] = torch.randn(batch, ch, size, size, generator=g)
+    elif name == "input_features" and getattr(cfg, "num_mel_bins", None) and getattr(cfg, "max_source_positions", None):
+        # Whisper's encoder takes exactly 2 x max_source_positions frames (two strided convolutions)
+        inputs["input_features"] = torch.randn(batch, cfg.num_mel_bins, 2 * cfg.max_source_positions, generator=g)
+    else:
+        raise ModelLoadError(f"{type(model).__name__}: no default inputs for main input '{name}'; use a model file with "
+                             "example_inputs")
+    params = inspect.signature(model.forward).parameters
+    if getattr(cfg, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        limit = getattr(cfg, "max_target_positions", None) or length
+        inputs["decoder_input_ids"] = _token_ids(model, cfg, batch, min(length // 2 + 1, limit), g)
+    if "use_cache" in params:
+        inputs["use_cache"] = False  # type: ignore[assignment]
+    return inputs
+
+
+def _token_ids(model: torch.nn.Module, cfg: object, batch: int, length: int, g: torch.Generator) -> torch.Tensor:
+    vocab = getattr(cfg, "vocab_size", None)
+    if vocab is None:
+        raise ModelLoadError(f"{type(model).__name__}: its config has no vocab_size to draw input ids from")
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or length
+    return torch.randint(vocab, (batch, min(length, limit)), generator=g)
 
 
 def load_hf(path: Path) -> torch.nn.Module:
