@@ -775,6 +775,7 @@ def test_encoder_decoder_folders_get_inputs_from_their_config(name: str, tmp_pat
     report = json.loads(stdout)
     groups = {s["name"]: s["group"] for s in report["spaces"]}
     assert any(g.startswith("Heads(") for g in groups.values()), groups  # cross-attention heads at least
+    assert not [n for n in report["notes"] if "could not read a node" in n]  # T5's min(buckets, other) is read
     spec = loads_spec(report["yaml"])
     if name == "t5":  # one tensor shared four ways is one tie, not three pairs
         assert [set(t.params) for t in spec.ties] == [{"shared.weight", "encoder.embed_tokens.weight",

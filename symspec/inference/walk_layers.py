@@ -298,6 +298,12 @@ class LayerRules:
 
     def reduce(self, n: fx.Node, shape: Any, op: str) -> None:
         x = n.args[0]
+        if len(n.args) > 1 and isinstance(n.args[1], fx.Node):  # min.other, max.other: elementwise, of two tensors
+            if not self.feat(x) and not self.feat(n.args[1]):  # position arithmetic (T5's relative buckets)
+                if shape is not None:
+                    self.lay[n.name] = self.fresh_layouts(shape)
+                return None
+            return self.opaque(n, op)
         lay = self.L(x)
         xs = shape_of(x)
         if lay is None or xs is None:
