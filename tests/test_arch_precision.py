@@ -92,6 +92,7 @@ spaces:
   s: S(H)
 params:
   "{{p}}": invariant
+  pos_embed: [_, _, s]
 """
     from symspec.binding import bind
 
