@@ -121,6 +121,16 @@ def _watching_interrupts() -> Iterator[list[int]]:
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
     def on_sigint(signum: int, frame: Any) -> None:
+        # where it runs now: ``frame`` is stale when a held interrupt is handed on (deferred_interrupts)
+        if _in_library_import(sys._getframe(1)):
+            # a library's module body runs (torch.export imports its parts on first use, some
+            # from C++): a KeyboardInterrupt raised there can cross C++ that cannot take it
+            # ('terminate called after throwing an instance of python_error', exit -6): the
+            # interrupt comes again 50 ms later, until the import is done
+            timer = threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGINT))
+            timer.daemon = True
+            timer.start()
+            return
         seen.append(signum)
         raise KeyboardInterrupt
 
@@ -150,6 +160,34 @@ def _watching_interrupts() -> Iterator[list[int]]:
             sys.unraisablehook = previous_hook
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(finder)  # type: ignore[arg-type]
+
+
+@functools.cache
+def _library_paths() -> tuple[str, ...]:
+    """Where installed libraries and the standard library live (not the user's files)."""
+    import os
+    import sysconfig
+
+    paths = {sysconfig.get_paths().get(k) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    return tuple(sorted(os.path.join(p, "") for p in paths if p))
+
+
+def _in_library_import(frame: Any) -> bool:
+    """Is ``frame``, or a frame that called it, the body of a library module that the
+    import machinery runs (the user's own files are not: their imports stay
+    interruptible; nor is a library's ``__main__`` that runpy runs, pytest's say)?"""
+    libs = LIBRARY_PATHS or _library_paths()
+    while frame is not None:
+        code, caller = frame.f_code, frame.f_back
+        if (code.co_name == "<module>" and code.co_filename.startswith(libs) and caller is not None
+                and caller.f_code.co_filename.startswith("<frozen importlib")):
+            return True
+        frame = caller
+    return False
+
+
+#: the folders :func:`_in_library_import` counts as libraries (empty: the interpreter's own)
+LIBRARY_PATHS: tuple[str, ...] = ()
 
 
 def handle_errors(fn: F) -> F:
