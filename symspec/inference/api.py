@@ -50,8 +50,9 @@ class SpaceReport:
 
 @attrs.define
 class InferResult:
-    """What :func:`infer` found: the spec (``spec``; ``yaml`` its text), the evidence per
-    space, what stayed invariant and why, and the final check."""
+    """What :func:`infer` found: the spec (``spec``, None when the draft's text did not
+    load; ``yaml`` its text), the evidence per space, what stayed invariant and why, and
+    the final check."""
 
     spec: Any
     yaml: str
@@ -172,6 +173,7 @@ def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = Non
     while True:
         text = rounds.draft_text()
         try:  # a draft that does not bind, or names a group that cannot be built, is a draft that failed
+            spec = None  # (not an earlier round's, should this one not load)
             spec = loads_spec(text, DRAFT)
             if not verify:
                 break
