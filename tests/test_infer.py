@@ -780,3 +780,37 @@ def test_encoder_decoder_folders_get_inputs_from_their_config(name: str, tmp_pat
     if name == "t5":  # one tensor shared four ways is one tie, not three pairs
         assert [set(t.params) for t in spec.ties] == [{"shared.weight", "encoder.embed_tokens.weight",
                                                        "decoder.embed_tokens.weight", "lm_head.weight"}]
+
+
+@pytest.mark.parametrize("name", ["t5", "whisper"])
+def test_an_inferred_encoder_decoder_spec_recovers_a_planted_copy(name: str, tmp_path: Path) -> None:
+    """The inferred spec is one that matching can use: B = g.A planted with it, saved as
+    a folder, is found again by `symspec match` to float32 precision."""
+    pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    from symspec.transforms import canonicalize_state_dict
+
+    model = _encoder_decoder(name)
+    model.save_pretrained(tmp_path / "a")
+    code, _, err = run("infer", tmp_path / "a", "--samples", "1", "--out", tmp_path / "spec.yaml")
+    assert code == 0, err
+    spec = symspec.spec.load_spec(str(tmp_path / "spec.yaml"))
+    planted = symspec.plant(model, spec, seed=2)
+    planted.model.save_pretrained(tmp_path / "b")
+    code, _, err = run("match", tmp_path / "a", tmp_path / "b", "--spec", tmp_path / "spec.yaml",
+                       "--out", tmp_path / "out")
+    assert code == 0, err
+    bound = symspec.bind(spec, model)
+    ca = canonicalize_state_dict(bound, {k: v.detach() for k, v in model.state_dict().items()})
+    num = den = moved = 0.0
+    b0 = planted.model.state_dict()
+    for shard in sorted((tmp_path / "out").glob("*.safetensors")):
+        for k, v in load_file(shard).items():
+            if k in bound.problem.params:
+                ref = ca[k].double()
+                num += float((v.double() - ref).square().sum())
+                den += float(ref.square().sum())
+                moved += float((b0[k].double() - ref).square().sum())
+    assert den > 0 and moved / den > 1e-4, "the planted copy did not move"  # the negative: B differs from A
+    assert (num / den) ** 0.5 <= 1e-5, (num / den) ** 0.5

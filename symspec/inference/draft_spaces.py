@@ -153,6 +153,7 @@ class SpacePlans:
         lin_by_weight = {lin.weight: lin for lin in self.f.linears}
         readers = self._readers_of_nodes()
         dense_gate = any(g[1] in lin_by_weight for g in self.f.gates)
+        names: dict[tuple[str, str], str] = {}  # (stem, the unit space's base) -> the scaling space's name
         for kind, items in (("gate", self.f.gates), ("relu", self.f.homogeneous)):
             for node, weight, *rest in items:
                 piece = rest[1] if len(rest) > 2 else None
@@ -181,8 +182,12 @@ class SpacePlans:
                 reads = readers.get(node, [])
                 if not reads:
                     continue
-                base = ("eup" if expert is not None and dense_gate else "up") if kind == "gate" else "scale"
+                stem = ("eup" if expert is not None and dense_gate else "up") if kind == "gate" else "scale"
                 group = "D" if kind == "gate" else "Dpos"
+                # one scaling space per unit space it scales: an encoder's and a decoder's MLPs
+                # (T5) each get their own, not one diagonal shared by both
+                base = names.setdefault((stem, owner[0]), stem if stem not in {v for v in names.values()}
+                                        else f"{stem}{sum(1 for v in names.values() if v.startswith(stem)) + 1}")
                 sp = self.spaces.get(base)
                 if sp is None:
                     if expert is not None:
