@@ -749,6 +749,12 @@ def _encoder_decoder(name: str) -> torch.nn.Module:
                                         num_heads=4, relative_attention_num_buckets=8, decoder_start_token_id=0,
                                         pad_token_id=0, eos_token_id=1)
             return transformers.T5ForConditionalGeneration(cfg).eval()
+        if name == "bart":
+            cfg = transformers.BartConfig(vocab_size=23, d_model=16, encoder_layers=1, decoder_layers=1,
+                                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=12,
+                                          decoder_ffn_dim=12, max_position_embeddings=32, pad_token_id=1, bos_token_id=0,
+                                          eos_token_id=2, decoder_start_token_id=2)
+            return transformers.BartForConditionalGeneration(cfg).eval()
         cfg = transformers.WhisperConfig(vocab_size=23, d_model=16, encoder_layers=1, decoder_layers=1,
                                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=12,
                                          decoder_ffn_dim=12, num_mel_bins=8, max_source_positions=8, max_target_positions=16,
@@ -757,7 +763,7 @@ def _encoder_decoder(name: str) -> torch.nn.Module:
         return transformers.WhisperForConditionalGeneration(cfg).eval()
 
 
-@pytest.mark.parametrize("name", ["t5", "whisper"])
+@pytest.mark.parametrize("name", ["t5", "bart", "whisper"])
 def test_encoder_decoder_folders_get_inputs_from_their_config(name: str, tmp_path: Path) -> None:
     # T5's folder failed before anything was traced: 'You must specify exactly one of input_ids
     # or inputs_embeds' (the decoder had no ids); Whisper's main input is audio features
@@ -782,7 +788,7 @@ def test_encoder_decoder_folders_get_inputs_from_their_config(name: str, tmp_pat
                                                        "decoder.embed_tokens.weight", "lm_head.weight"}]
 
 
-@pytest.mark.parametrize("name", ["t5", "whisper"])
+@pytest.mark.parametrize("name", ["t5", "bart", "whisper"])
 def test_an_inferred_encoder_decoder_spec_recovers_a_planted_copy(name: str, tmp_path: Path) -> None:
     """The inferred spec is one that matching can use: B = g.A planted with it, saved as
     a folder, is found again by `symspec match` to float32 precision."""
