@@ -12,6 +12,13 @@ shrink); ``rounds`` counts the checks.
 Target: both cases together under 60 s on 2 CPU cores. The inferred spec is also
 compared with the built-in one for the family (the same spaces and groups on every
 parameter axis, as tests/test_infer.py compares them).
+
+    python -m bench.bench_infer --families [--out bench/results/infer_families.json]
+
+times inference per family of the inference zoo (tests/infer_zoo.py: the tiny models of
+the architectures symspec ships no spec for) and of the encoder-decoders T5, BART and
+Whisper (tests/test_infer.py), each in a fresh subprocess, with the groups found and,
+for the zoo, whether they are the ones its test expects.
 """
 
 from __future__ import annotations
@@ -81,6 +88,64 @@ def measure(case: str, samples: int, dtypes: list[str]) -> dict[str, Any]:
     }
 
 
+ENCODER_DECODERS = ("t5", "bart", "whisper")
+
+
+def family_names() -> list[str]:
+    from tests.infer_zoo import NEW
+
+    return [*NEW, *ENCODER_DECODERS]
+
+
+def measure_family(name: str, samples: int) -> dict[str, Any]:
+    """``infer`` on one tiny family model: wall time, rounds, the groups found."""
+    import torch
+
+    from symspec.inference import infer
+    from symspec.loading.hf import hf_example_inputs
+    from tests.infer_zoo import NEW
+
+    if name in NEW:
+        build_fn, want = NEW[name]
+        model, inputs = build_fn()
+    else:
+        from tests.test_infer import _encoder_decoder
+
+        model, want = _encoder_decoder(name), None
+        inputs = hf_example_inputs(model)
+    t0 = time.perf_counter()
+    result = infer(model, inputs, samples=samples)
+    wall = time.perf_counter() - t0
+    found = {s.name.replace("[i]", ""): s.group for s in result.spaces}
+    return {"family": name, "wall_s": round(wall, 2), "rounds": result.attempts, "passed": result.passed,
+            "verified": result.verified, "spaces": found, "as_expected": (found == want) if want is not None else None,
+            "params": sum(p.numel() for p in model.parameters()), "samples": samples,
+            "threads": torch.get_num_threads(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def run_families(args: argparse.Namespace, argv: list[str] | None) -> int:
+    runs = []
+    for name in family_names():
+        cmd = [*module_command(__file__), "--one-family", name, "--samples", str(args.samples)]
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        if out.returncode:
+            print(out.stderr, file=sys.stderr)
+            return 1
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        runs.append(r)
+        print(f"{name:<22} {r['wall_s']:>6.1f} s in {r['rounds']} round(s)  verified={r['verified']}  "
+              f"as expected={r['as_expected']}  {', '.join(f'{k}: {v}' for k, v in r['spaces'].items())}", flush=True)
+    out_path = Path(args.out) if args.out != str(RESULTS / "infer.json") else RESULTS / "infer_families.json"
+    write_results(out_path, {
+        "benchmark": "symspec infer per family: the inference zoo and the encoder-decoders (tiny random models)",
+        "command": command_line(__file__, argv),
+        "machine": {"cpus": os.cpu_count()},
+        "total_s": round(sum(r["wall_s"] for r in runs), 2),
+        "runs": runs,
+    })
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
@@ -88,8 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="float64,float32")
     ap.add_argument("--out", default=str(RESULTS / "infer.json"))
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--families", action="store_true", help="time inference per family of the inference zoo "
+                    "and the encoder-decoders (bench/results/infer_families.json)")
+    ap.add_argument("--one-family", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     dtypes = args.dtypes.split(",")
+    if args.one_family:
+        print(json.dumps(measure_family(args.one_family, args.samples)))
+        return 0
+    if args.families:
+        return run_families(args, argv)
     if args.one:
         print(json.dumps(measure(args.one, args.samples, dtypes)))
         return 0
