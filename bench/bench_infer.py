@@ -123,20 +123,28 @@ def measure_family(name: str, samples: int) -> dict[str, Any]:
             "threads": torch.get_num_threads(), "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
+def _in_child(*flags: str) -> dict[str, Any] | None:
+    """This script with ``flags`` (one measurement) in a fresh process: its JSON row, or
+    None when it failed (its stderr printed)."""
+    out = subprocess.run([*module_command(__file__), *flags], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if out.returncode:
+        print(out.stderr, file=sys.stderr)
+        return None
+    row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return row
+
+
 def run_families(args: argparse.Namespace, argv: list[str] | None) -> int:
     runs = []
     for name in family_names():
-        cmd = [*module_command(__file__), "--one-family", name, "--samples", str(args.samples)]
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        if out.returncode:
-            print(out.stderr, file=sys.stderr)
+        r = _in_child("--one-family", name, "--samples", str(args.samples))
+        if r is None:
             return 1
-        r = json.loads(out.stdout.strip().splitlines()[-1])
         runs.append(r)
         print(f"{name:<22} {r['wall_s']:>6.1f} s in {r['rounds']} round(s)  verified={r['verified']}  "
               f"as expected={r['as_expected']}  {', '.join(f'{k}: {v}' for k, v in r['spaces'].items())}", flush=True)
-    out_path = Path(args.out) if args.out != str(RESULTS / "infer.json") else RESULTS / "infer_families.json"
-    write_results(out_path, {
+    write_results(Path(args.out or RESULTS / "infer_families.json"), {
         "benchmark": "symspec infer per family: the inference zoo and the encoder-decoders (tiny random models)",
         "command": command_line(__file__, argv),
         "machine": {"cpus": os.cpu_count()},
@@ -151,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--dtypes", default="float64,float32")
-    ap.add_argument("--out", default=str(RESULTS / "infer.json"))
+    ap.add_argument("--out", help="default: bench/results/infer.json (--families: infer_families.json)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--families", action="store_true", help="time inference per family of the inference zoo "
                     "and the encoder-decoders (bench/results/infer_families.json)")
@@ -168,19 +176,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runs = []
     for case in args.cases.split(","):
-        cmd = [*module_command(__file__), "--one", case, "--samples", str(args.samples), "--dtypes", args.dtypes]
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        if out.returncode:
-            print(out.stderr, file=sys.stderr)
+        r = _in_child("--one", case, "--samples", str(args.samples), "--dtypes", args.dtypes)
+        if r is None:
             return 1
-        r = json.loads(out.stdout.strip().splitlines()[-1])
         runs.append(r)
         print(f"{case:<11} {r['wall_s']:>6.1f} s  (export+read {r['export+read_s']:.1f} s, draft {r['draft_s']:.1f} s, "
               f"render+check {r['render+check_s']:.1f} s in {r['rounds']} round(s))  passed={r['passed']}  same as built-in={r['same_as_builtin']}",
               flush=True)
     total = sum(r["wall_s"] for r in runs)
     print(f"total {total:.1f} s (target: under 60 s for gpt2-small and llama-125m together on 2 cores)")
-    write_results(Path(args.out), {
+    write_results(Path(args.out or RESULTS / "infer.json"), {
         "benchmark": "symspec infer (symspec.inference.infer): trace, read, draft, check",
         "command": command_line(__file__, argv),
         "machine": {"cpus": os.cpu_count()},
