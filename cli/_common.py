@@ -120,6 +120,12 @@ def _watching_interrupts() -> Iterator[list[int]]:
     ours = threading.current_thread() is threading.main_thread() and \
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
+    def again_soon() -> None:
+        """Send the interrupt again 50 ms from now, from a timer thread."""
+        timer = threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGINT))
+        timer.daemon = True
+        timer.start()
+
     def on_sigint(signum: int, frame: Any) -> None:
         # where it runs now: ``frame`` is stale when a held interrupt is handed on (deferred_interrupts)
         if _in_library_import(sys._getframe(1)):
@@ -127,9 +133,7 @@ def _watching_interrupts() -> Iterator[list[int]]:
             # from C++): a KeyboardInterrupt raised there can cross C++ that cannot take it
             # ('terminate called after throwing an instance of python_error', exit -6): the
             # interrupt comes again 50 ms later, until the import is done
-            timer = threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGINT))
-            timer.daemon = True
-            timer.start()
+            again_soon()
             return
         seen.append(signum)
         raise KeyboardInterrupt
@@ -142,9 +146,7 @@ def _watching_interrupts() -> Iterator[list[int]]:
         # cannot raise either; later it is handled in ordinary code (should it land in such
         # a place again, this hook sends it once more).
         if ours and issubclass(info.exc_type, KeyboardInterrupt):
-            timer = threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGINT))
-            timer.daemon = True
-            timer.start()
+            again_soon()
         else:
             previous_hook(info)
 

@@ -31,7 +31,7 @@ if _AS_COMMAND and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 import click  # noqa: E402
 
-from ._common import handle_errors  # noqa: E402
+from ._common import EXIT_INTERRUPTED, handle_errors  # noqa: E402
 
 #: command name -> (module, attribute, one-line help). New commands register here.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -124,7 +124,7 @@ def _exit_interrupted() -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed or broken stream: the exit code is what is left to give
             stream.flush()
-    os._exit(130)
+    os._exit(EXIT_INTERRUPTED)
 
 
 def main(argv: list[str] | None = None) -> Any:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> Any:
     try:
         return cli.main(args=argv, prog_name="symspec", standalone_mode=True)
     except SystemExit as e:
-        if _AS_COMMAND and e.code == 130:
+        if _AS_COMMAND and e.code == EXIT_INTERRUPTED:
             _exit_interrupted()
         raise
     finally:  # the command is over (outputs published or rolled back): a Ctrl-C while the
