@@ -91,7 +91,7 @@ def specs(draw: st.DrawFn) -> Spec:
     steps = ()
     if draw(st.booleans()):
         steps = (StepDecl.make("center", {"writers": {params[0].pattern: 0}}),)
-    used = {t.space for p in params if p.axes for a in p.axes if a is not None for t in a.terms()}
+    used = {s for p in params for s in p.spaces}
     spaces = [s for s in spaces if s.name in used]  # a space no parameter binds is refused
     return Spec(name=draw(names), dims=dims, spaces=tuple(spaces), params=tuple(params), canonicalize=steps)
 

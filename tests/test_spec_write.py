@@ -44,7 +44,7 @@ def specs(draw: st.DrawFn) -> tuple:
     spec = draw(st.sampled_from([*map(load_spec, builtin_names()), *_inferred()]))
     spaces = tuple(attrs.evolve(s, doc=draw(_TEXT)) for s in spec.spaces)
     params = tuple(attrs.evolve(p, doc=draw(_TEXT)) for p in spec.params if draw(st.booleans()) or p is spec.params[0])
-    used = {t.space for p in params if p.axes for a in p.axes if a is not None for t in a.terms()}
+    used = {s for p in params for s in p.spaces}
     spaces = tuple(s for s in spaces if s.name in used)  # a space no parameter binds is refused
     spec = attrs.evolve(spec, name=draw(_NAME), description=draw(_TEXT), spaces=spaces, params=params)
     notes = {("params", p.pattern): draw(_TEXT) for p in params}

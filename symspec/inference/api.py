@@ -240,7 +240,7 @@ class _Rounds:
         self.attempts += 1
         _restore_history(self.draft, self.history)
         spec, _ = to_spec(self.draft)
-        used = {t.space for p in spec.params if p.axes for a in p.axes if a is not None for t in a.terms()}
+        used = {s for p in spec.params for s in p.spaces}
         for sp in self.draft.spaces.values():
             if sp.alive and sp.base not in used:
                 self.draft.unexplained.append((sp.key(), f"{sp.group_text()} was read from the graph, but no parameter's "

@@ -157,7 +157,7 @@ def _check_bound(src: Source, spaces: list[SpaceDecl], params: list[ParamDecl]) 
     section parsed without errors (an axis that did not parse names nothing)."""
     if src.diagnostics:
         return
-    used = {t.space for p in params if p.axes for ax in p.axes if ax is not None for t in ax.terms()}
+    used = {s for p in params for s in p.spaces}
     for sp in spaces:
         if sp.name not in used:
             src.error(("spaces", sp.key), f"space '{sp.key}' is declared but no parameter is bound to it, so nothing would "

@@ -280,6 +280,11 @@ class ParamDecl:
     def captures(self) -> tuple[str, ...]:
         return captures_of(self.pattern)
 
+    @property
+    def spaces(self) -> frozenset[str]:
+        """The names of the spaces its axes are bound to (none for an invariant one)."""
+        return frozenset(t.space for ax in self.axes or () if ax is not None for t in ax.terms())
+
 
 def _freeze(value: Any) -> Any:
     if isinstance(value, Mapping):
