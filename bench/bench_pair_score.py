@@ -3,7 +3,7 @@ per pair (symspec.solvers.kinds.assignment.scaled_pair_score) against the per-si
 it replaced (C^2/G on each side), next to the assignment that reads it.
 
     python -m bench.bench_pair_score [--sizes 1024 3072 8192] [--repeat 3] [--seeds 0 1 2 3 4]
-                                     [--out bench/results/pair_score.json]
+                                     [--candidates 4864] [--out bench/results/pair_score.json]
 
 Speed: random statistics (a co and a contra pair term of f units, float32, as a float32
 model's weight matching builds them); the seconds are the best of ``--repeat`` runs, all
@@ -13,6 +13,16 @@ Exactness: on the random statistics of the smallest size, the score against the 
 maximum over d (the best of the quartic's real roots, each polished; slow, done once):
 the share of pairs whose score is within 1e-6 of it and the largest shortfall, both
 relative to the pair's per-side bound (float64).
+
+Candidates: a wide layer's assignment scores exactly only each unit's most promising pairs
+(``assignment.assign_scaled``: PRUNE_CANDIDATES per row and per column by the per-side
+bound, then a sparse assignment). On the statistics of a gated MLP of ``--candidates``
+units and a fifth as many inputs, B planted from A (a permutation and scales) with noise
+of a growing share added to A (0: planted; 30: nearly independent), in one process: the
+time of the full score and its dense assignment against the candidates' way, how many
+units the two assignments agree on, and how much higher the candidates' objective
+(||A - g B||^2 at the score's scales) ends than the full score's, relative to what the
+full one gained over the identity.
 
 Quality: weight matching of independent Llama pairs (tests/zoo.py, random weights, 2
 layers, d 32, 64 SwiGLU units, float32), once with each score, in one process: the
@@ -132,6 +142,53 @@ def quality(seeds: list[int]) -> list[dict[str, float]]:
     return rows
 
 
+def candidates(n: int, noises: list[float]) -> list[dict[str, float]]:
+    import time
+
+    import torch
+
+    from symspec.groups import D
+    from symspec.solvers.engine.base import SolveContext, StatTerm
+    from symspec.solvers.kinds import assignment as asg
+
+    d = max(1, n // 5)
+    rows = []
+    for noise in noises:
+        gen = torch.Generator().manual_seed(int(noise * 10) + n)
+        gate, up, down = (torch.randn(n, d, generator=gen) for _ in range(3))
+        perm = torch.randperm(n, generator=gen)
+        scale = torch.exp(0.5 * torch.randn(n, generator=gen)) * torch.sign(torch.randn(n, generator=gen))
+        a_gate = gate[perm] + noise * torch.randn(n, d, generator=gen)
+        a_up = (up * scale[:, None])[perm] + noise * torch.randn(n, d, generator=gen)
+        a_down = (down / scale[:, None])[perm] + noise * torch.randn(n, d, generator=gen)
+        terms = [StatTerm((), "co", a_gate @ gate.T, None, None, role="outer"),
+                 StatTerm((), "co", a_up @ up.T, None, None, role="pair", inner_variance="co"),
+                 StatTerm((), "contra", a_down @ down.T, None, None, role="pair", inner_variance="contra")]
+        for t, b in zip(terms[1:], (up, down)):
+            t.gram_diag = (lambda x: lambda: x.square().sum(1))(b)  # type: ignore[method-assign]
+        t0 = time.perf_counter()
+        full = asg.scaled_pair_score(terms, D(n))
+        assert full is not None
+        p_full = asg.assign(full)
+        t1 = time.perf_counter()
+        p_cand = asg.assign_scaled(terms, D(n), SolveContext(dtype=torch.float32))
+        t2 = time.perf_counter()
+        assert p_cand is not None
+        ar = torch.arange(n)
+        norm = float(a_gate.double().square().sum() + a_up.double().square().sum() + a_down.double().square().sum())
+        v_full, v_cand, v_id = (float(full[ar, p].double().sum()) for p in (p_full, p_cand, ar))
+        row = {"f": n, "noise": noise, "full_seconds": t1 - t0, "candidates_seconds": t2 - t1,
+               "speedup": (t1 - t0) / (t2 - t1), "units_agreeing": float((p_full == p_cand).double().mean()),
+               "objective_full": norm - v_full, "objective_candidates": norm - v_cand,
+               "loss_of_gain": (v_full - v_cand) / max(v_full - v_id, 1e-300)}
+        rows.append(row)
+        print(f"candidates, f {n}, noise {noise:g}: full {row['full_seconds']:.2f} s, candidates {row['candidates_seconds']:.2f} s "
+              f"({row['speedup']:.1f}x); {100 * row['units_agreeing']:.2f}% of units assigned alike; objective "
+              f"{row['objective_candidates']:.6g} vs {row['objective_full']:.6g} "
+              f"({100 * row['loss_of_gain']:.3f}% of the full score's gain lost)", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -139,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 3072, 8192])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--candidates", type=int, nargs="*", default=[4864],
+                    help="layer widths at which the candidates' way is compared with the full score")
+    ap.add_argument("--noises", type=float, nargs="+", default=[0.0, 3.0, 10.0, 30.0])
     ap.add_argument("--out", type=Path, default=RESULTS / "pair_score.json")
     args = ap.parse_args(argv)
     rows = []
@@ -151,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"exactness on {exact['pairs']} random pairs: {100 * exact['share_exact']:.2f}% within 1e-6 of the maximum "
           f"(largest shortfall {exact['largest_shortfall']:.2e}); among each row's 5 best pairs "
           f"{100 * exact['share_exact_top5']:.2f}% (largest shortfall {exact['largest_shortfall_top5']:.2e})", flush=True)
+    cand = [r for n in args.candidates for r in candidates(n, args.noises)]
     pairs = quality(args.seeds)
     write_results(args.out, {"benchmark": "pair score of a permutation with a scaling", "command": command_line(__file__, argv),
                              "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows,
-                             "exactness": exact, "llama_pairs": pairs})
+                             "exactness": exact, "candidates": cand, "llama_pairs": pairs})
     return 0
 
 

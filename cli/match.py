@@ -33,7 +33,7 @@ from ._device import DEVICE
 #: certificate's not_available lists those, printed in full instead of the joint reason)
 NEEDS_CVXPY_MARK = "needs cvxpy"
 #: timer phases measured inside the solve:<kind> phases
-INNER_PHASES = {"assign", "svd", "iterate", "heads:similarity"}
+INNER_PHASES = {"assign", "score", "svd", "iterate", "heads:similarity"}
 
 GROUPS_HELP = ("Groups searched: full (the spec's), perm (permutation subgroups: the paper's ablation), "
                "fixed, or per declared space, e.g. 'perm,attn=full'.  [default: the method's own: "

@@ -489,3 +489,95 @@ def test_unsupported_variances_are_input_errors() -> None:
         solve(O(3), [term(randn(gen, 3, 4), randn(gen, 3, 4), "abs")])
     with pytest.raises(SolverError, match="abs"):
         solve(GL(3), [term(randn(gen, 3, 4), randn(gen, 3, 4), "abs")])
+
+
+@given(st.integers(0, 2**16), st.booleans(), st.sampled_from([("co", "contra"), ("co",), ("contra",), ("co", "contra", "abs"), ("co", "abs")]))
+def test_the_per_side_bound_is_above_every_value_a_scale_attains(seed: int, positive: bool, sides: tuple[str, ...]) -> None:
+    """scale_value_bound (what ranks the pairs a wide layer scores exactly) is never below
+    best_scale_value nor, without abs terms, the exact maximum over d; it equals it on
+    planted pairs and is strictly above it somewhere on random statistics (so the
+    comparison can fail)."""
+    from symspec.solvers.kinds.smooth import best_scale_value, exact_scale_value, scale_value_bound
+
+    gen = torch.Generator().manual_seed(seed)
+    n = 6
+    coef: dict[str, torch.Tensor | float] = {}
+    for key, var in (("co", "co"), ("ct", "contra"), ("ab", "abs")):
+        if var in sides:
+            coef[f"c_{key}"] = torch.randn(n, n, generator=gen, dtype=torch.float64)
+            coef[f"g_{key}"] = torch.rand(n, n, generator=gen, dtype=torch.float64) + 0.1
+        else:
+            coef[f"c_{key}"] = coef[f"g_{key}"] = 0.0
+    bound = scale_value_bound(coef, positive)
+    value = best_scale_value(coef, positive)
+    assert torch.all(bound >= value - 1e-9 * (1 + value.abs()))
+    if "abs" not in sides:
+        exact = exact_scale_value(coef, positive)
+        assert torch.all(bound >= exact - 1e-9 * (1 + exact.abs()))
+    if sides == ("co", "contra"):
+        assert torch.any(bound > value + 1e-6)
+        dstar = 0.7 if positive else -1.3
+        g_co, g_ct = coef["g_co"], coef["g_ct"]
+        assert isinstance(g_co, torch.Tensor) and isinstance(g_ct, torch.Tensor)
+        planted = {"c_co": dstar * g_co, "g_co": g_co, "c_ct": g_ct / dstar, "g_ct": g_ct, "c_ab": 0.0, "g_ab": 0.0}
+        torch.testing.assert_close(scale_value_bound(planted, positive), best_scale_value(planted, positive), rtol=1e-12, atol=0)
+
+
+def _gated_layer(n: int, d: int, noise: float, seed: int) -> tuple[list[Term], torch.Tensor]:
+    """The statistics of a gated MLP's permutation-and-scaling pair, B planted from A (a
+    permutation and scales of either sign) with ``noise`` added to A; and the permutation."""
+    gen = torch.Generator().manual_seed(seed)
+    gate, up, down = (torch.randn(n, d, generator=gen, dtype=torch.float64) for _ in range(3))
+    perm = torch.randperm(n, generator=gen)
+    scale = torch.exp(0.5 * torch.randn(n, generator=gen, dtype=torch.float64)) * torch.sign(torch.randn(n, generator=gen, dtype=torch.float64))
+    a_gate = gate[perm] + noise * torch.randn(n, d, generator=gen, dtype=torch.float64)
+    a_up = (up * scale[:, None])[perm] + noise * torch.randn(n, d, generator=gen, dtype=torch.float64)
+    a_down = (down / scale[:, None])[perm] + noise * torch.randn(n, d, generator=gen, dtype=torch.float64)
+    return [term(a_gate, gate, "co"), term(a_up, up, "co", role="pair", inner_variance="co"),
+            term(a_down, down, "contra", role="pair", inner_variance="contra")], perm
+
+
+@pytest.mark.parametrize("noise", [0.0, 2.0, 4.0])
+def test_a_wide_layer_assigns_within_its_candidates_as_the_full_score_does(monkeypatch: pytest.MonkeyPatch, noise: float) -> None:
+    """assign_scaled on a layer past PRUNE_UNITS scores each unit's best pairs only and
+    assigns sparsely: planted, it finds the planted permutation; with some noise, the
+    same assignment as the full score. Where the noise leaves the full score right on
+    about half the units (4.0), four candidates per unit give a different assignment, so
+    the comparison can fail: there the two are different heuristics (bench_pair_score
+    measures what that costs at real widths)."""
+    from symspec.solvers.kinds import assignment as asg
+
+    terms, perm = _gated_layer(192, 48, noise, seed=3)
+    full = asg.scaled_pair_score(terms, D(192))
+    assert full is not None
+    want = asg.assign(full)
+    calls: list[int] = []
+    monkeypatch.setattr(asg, "scaled_pair_score", lambda *a: calls.append(1) or full)  # the full score: a fallback only
+    monkeypatch.setattr(asg, "PRUNE_UNITS", 128)
+    monkeypatch.setattr(asg, "PRUNE_CANDIDATES", 16 if noise < 4 else 4)
+    got = asg.assign_scaled(terms, D(192), CTX)
+    assert got is not None and not calls
+    assert torch.equal(got, want) == (noise < 4)
+    if noise == 0.0:
+        assert torch.equal(got, perm)
+
+
+def test_candidates_without_a_complete_assignment_fall_back_to_the_full_score(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every new unit's and every old unit's best pair by the bound is with unit 0: no
+    complete assignment uses those pairs alone, so every pair is scored, and the result
+    is the full score's assignment."""
+    from symspec.solvers.kinds import assignment as asg
+
+    n = 6
+    cross = -torch.rand(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    cross[0, :] = cross[:, 0] = 10.0  # unit 0 is everyone's best partner
+    g = torch.ones(n, dtype=torch.float64)
+    terms: list[Term] = [StatTerm((), "co", cross, torch.diag(g), g, role="pair", inner_variance="co")]
+    monkeypatch.setattr(asg, "PRUNE_UNITS", 4)
+    monkeypatch.setattr(asg, "PRUNE_CANDIDATES", 1)
+    real = asg.scaled_pair_score
+    calls: list[int] = []
+    monkeypatch.setattr(asg, "scaled_pair_score", lambda *a: calls.append(1) or real(*a))
+    got = asg.assign_scaled(terms, D(n), CTX)
+    full = real(terms, D(n))
+    assert calls == [1] and full is not None and got is not None and torch.equal(got, asg.assign(full))

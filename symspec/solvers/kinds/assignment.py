@@ -8,12 +8,16 @@ CPU with scipy (exact; batched GPU assignment is rarely faster, DESIGN §3).
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment  # type: ignore[import-untyped]
+from scipy.sparse import csr_matrix  # type: ignore[import-untyped]
+from scipy.sparse.csgraph import min_weight_full_bipartite_matching  # type: ignore[import-untyped]
 
 from ...groups import DiagonalGroup, Element, Group
 from ..engine.base import (
@@ -37,17 +41,46 @@ def assign(score: torch.Tensor, ctx: SolveContext | None = None) -> torch.Tensor
     """
     batch = score.shape[:-2]
     n = score.shape[-1]
-    if not bool(torch.isfinite(score).all()):
+    # scipy minimises float64 costs: hand it -score in float64 directly, in one pass (its
+    # maximize=True would copy and negate again: 0.1 s per 3072 x 3072 assignment, more
+    # than the assignment itself once the units are nearly matched)
+    cost_t = torch.mul(score.detach().to("cpu"), -1.0, out=torch.empty(score.shape, dtype=torch.float64))
+    low, high = torch.aminmax(cost_t)  # NaN propagates to the extremes; no n x n mask is made
+    if not (math.isfinite(float(low)) and math.isfinite(float(high))):
         raise SolverError("the assignment scores are not finite (NaN or inf weights?)")
-    # scipy minimises float64 costs: hand it -score in float64 directly (its maximize=True
-    # would copy and negate again: 0.1 s per 3072 x 3072 assignment, more than the
-    # assignment itself once the units are nearly matched)
-    cost = score.detach().to("cpu", torch.float64, copy=True).neg_().reshape(-1, n, n).numpy()
+    cost = cost_t.reshape(-1, n, n).numpy()
     out = np.empty((cost.shape[0], n), dtype=np.int64)
     for k in range(cost.shape[0]):
         rows, cols = linear_sum_assignment(cost[k])
         out[k, rows] = cols
     return torch.from_numpy(out).reshape(*batch, n).to(score.device)
+
+
+def assign_sparse(n: int, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> torch.Tensor | None:
+    """The maximum-weight assignment of n rows to n columns using only the pairs
+    ``(rows[k], cols[k])``, worth ``values[k]`` (distinct pairs); None when no complete
+    assignment uses them alone. A sparse assignment (scipy's LAPJVsp): on an n x n problem
+    with a few dozen pairs per row, a hundredth of a dense one's time.
+
+    >>> assign_sparse(2, torch.tensor([0, 1, 1]), torch.tensor([0, 0, 1]), torch.tensor([0.0, 4.0, 1.0])).tolist()
+    [0, 1]
+    >>> assign_sparse(2, torch.tensor([0, 1]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0])) is None
+    True
+    """
+    v = values.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(v).all()):
+        raise SolverError("the assignment scores are not finite (NaN or inf weights?)")
+    # every complete assignment has n pairs: a common shift changes none of their order,
+    # and makes every weight positive (a stored zero would be no pair at all)
+    v = v - float(v.min()) + 1.0 if v.numel() else v
+    graph = csr_matrix((v.numpy(), (rows.cpu().numpy(), cols.cpu().numpy())), shape=(n, n))
+    try:
+        r, c = min_weight_full_bipartite_matching(graph, maximize=True)
+    except ValueError:  # no complete assignment within these pairs
+        return None
+    out = np.empty(n, dtype=np.int64)
+    out[r] = c
+    return torch.from_numpy(out).to(rows.device)
 
 
 def _sum_cross(terms: list[Term], variances: set[str]) -> torch.Tensor | None:
@@ -117,18 +150,16 @@ def solve_permuted_scaling(outer: Group, inner: Group, terms: list[Term], curren
     The assignment scores a pair (new unit i, old unit j) by how well it fits with its own
     scale: the permutation-only terms' correlation plus the scaled terms' value at one
     scale d for both sides (:func:`scaled_pair_score`; exact for planted pairs, a value
-    some scale attains otherwise). Given the permutation, the scales are solved exactly.
+    some scale attains otherwise), on each unit's most promising pairs where the layer is
+    wide (:func:`assign_scaled`). Given the permutation, the scales are solved exactly.
     """
     require_variances(outer, terms, {"co", "contra", "abs"})
     if not isinstance(inner, DiagonalGroup):
         raise SolverError(f"a permutation with {inner} right before it is not a permuted scaling")
     e_perm, e_diag = current
-    score = scaled_pair_score(terms, inner)
-    if score is None:
+    perm = assign_scaled(terms, inner, ctx)
+    if perm is None:
         perm = e_perm["perm"]
-    else:
-        with ctx.timer("assign"):
-            perm = assign(score, ctx)
     return {"perm": perm}, scales_given(perm, terms, inner, e_diag, ctx)
 
 
@@ -138,10 +169,43 @@ def solve_permuted_scaling(outer: Group, inner: Group, terms: list[Term], curren
 #: temporaries, page-faulted in on every pass: 3x the time on a 4864-unit MLP)
 SCORE_CHUNK_ELEMENTS = 1 << 15
 
+#: a permutation-and-scaling layer of at least this many units scores exactly only each
+#: unit's most promising pairs (:func:`assign_scaled`); a narrower one scores every pair
+PRUNE_UNITS = 1024
+#: how many pairs per unit, as a row (new unit) and as a column (old unit), are scored
+#: exactly: those with the highest per-side upper bound
+PRUNE_CANDIDATES = 64
+
+Sides = dict[str, tuple[torch.Tensor | float, torch.Tensor | float]]
+
+
+def _score_parts(terms: list[Term]) -> tuple[torch.Tensor | None, Sides, torch.Tensor | None]:
+    """What the pair score is made of: the permutation-only terms' correlation (``outer``),
+    per variance of the scaled side the summed cross [..., n or 1, n] and Gram diagonal
+    [..., n], and one pair term's cross (the score's shape; None: nothing is scaled)."""
+    outer: torch.Tensor | None = None
+    sides: Sides = {}
+    ref: torch.Tensor | None = None
+    for t in terms:
+        if t.role == "outer":
+            outer = t.cross() if outer is None else outer + t.cross()
+            continue
+        if t.role == "pair":
+            c, g, var = t.cross(), t.gram_diag(), t.inner_variance or "co"
+            ref = c if ref is None else ref
+        elif t.role == "inner":
+            c, g, var = t.cross_diag().unsqueeze(-2), t.gram_diag(), t.variance
+        else:
+            continue
+        got = sides.get(var)
+        sides[var] = (c, g) if got is None else (got[0] + c, got[1] + g)  # no copy of a lone term's f x f cross
+    return outer, sides, ref
+
 
 def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor | None:
     """How well old unit j fits new unit i with its own best scale (see
-    :func:`solve_permuted_scaling`); None when no term scores the permutation.
+    :func:`solve_permuted_scaling`), for every pair; None when no term scores the
+    permutation.
 
     The pair's value is ``max_d 2 d C_co - d^2 G_co + 2 C_ct / d - G_ct / d^2`` (plus the
     abs terms with |d|, and the terms the scale acts on alone, which belong to old unit j
@@ -152,26 +216,84 @@ def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor |
     between their two sides: copies of one unit with their outgoing weights shared
     (docs/width.md) all scored alike, and the assignment among them was decided by
     rounding."""
-    outer: torch.Tensor | None = None
-    sides: dict[str, tuple[torch.Tensor | float, torch.Tensor | float]] = {}
-    scaled = False
-    for t in terms:
-        if t.role == "outer":
-            outer = t.cross() if outer is None else outer + t.cross()
-            continue
-        if t.role == "pair":
-            c, g, var = t.cross(), t.gram_diag(), t.inner_variance or "co"
-            scaled = True
-        elif t.role == "inner":
-            c, g, var = t.cross_diag().unsqueeze(-2), t.gram_diag(), t.variance
-        else:
-            continue
-        got = sides.get(var)
-        sides[var] = (c, g) if got is None else (got[0] + c, got[1] + g)  # no copy of a lone term's f x f cross
-    if not scaled:
+    outer, sides, ref = _score_parts(terms)
+    if ref is None:
         return outer
-    ref = next(t.cross() for t in terms if t.role == "pair")
-    score = torch.empty(ref.shape, dtype=ref.dtype, device=ref.device)
+    score = _chunked(smooth.best_scale_value, sides, inner.positive_only, ref)
+    if outer is not None and outer.dtype == score.dtype and outer.shape == score.shape:
+        return score.add_(outer)
+    return score if outer is None else outer + score
+
+
+def assign_scaled(terms: list[Term], inner: DiagonalGroup, ctx: SolveContext) -> torch.Tensor | None:
+    """The best assignment on :func:`scaled_pair_score` (None when no term scores the
+    permutation). On a layer of ``PRUNE_UNITS`` units or more, the score is computed
+    exactly only for each new unit's and each old unit's ``PRUNE_CANDIDATES`` pairs with
+    the highest per-side upper bound (:func:`.smooth.scale_value_bound`, a few passes
+    against the score's dozens), and the assignment is restricted to those pairs. A pair
+    left out is never worth more than its bound, which is below the bounds of the unit's
+    candidates; on planted pairs the bound is exact, so the true partners are always
+    among them. Should no complete assignment exist within the candidates, every pair is
+    scored. (bench/bench_pair_score.py measures both ways: time, and agreement of the
+    assignments.)"""
+    outer, sides, ref = _score_parts(terms)
+    if ref is None:
+        if outer is None:
+            return None
+        with ctx.timer("assign"):
+            return assign(outer, ctx)
+    n = ref.shape[-1]
+    if ref.ndim == 2 and n >= max(PRUNE_UNITS, 4 * PRUNE_CANDIDATES):
+        with ctx.timer("score"):
+            rows, cols, values = pruned_pair_score(outer, sides, inner.positive_only, ref, PRUNE_CANDIDATES)
+        with ctx.timer("assign"):
+            perm = assign_sparse(n, rows, cols, values)
+        if perm is not None:
+            return perm
+        # no complete assignment within the candidates: every pair is scored
+    with ctx.timer("score"):
+        full = scaled_pair_score(terms, inner)
+    assert full is not None
+    with ctx.timer("assign"):
+        return assign(full, ctx)
+
+
+def pruned_pair_score(outer: torch.Tensor | None, sides: Sides, positive: bool, ref: torch.Tensor,
+                      k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pair score on each row's and each column's ``k`` pairs of highest upper bound
+    (:func:`.smooth.scale_value_bound` plus the permutation-only correlation), as
+    (rows, cols, values) of the distinct pairs; ``ref`` [n, n] gives the shape."""
+    n = ref.shape[-1]
+    bound = _chunked(smooth.scale_value_bound, sides, positive, ref)
+    if outer is not None:
+        bound = bound.add_(outer) if outer.dtype == bound.dtype else bound + outer
+    by_row = bound.topk(k, dim=1, sorted=False).indices  # [n, k]: each new unit's best old units
+    by_col = bound.topk(k, dim=0, sorted=False).indices  # [k, n]: each old unit's best new units
+    del bound
+    ar = torch.arange(n, device=ref.device)
+    flat = torch.cat([(ar[:, None] * n + by_row).flatten(), (by_col * n + ar[None, :]).flatten()]).unique()
+    rows, cols = flat // n, flat % n
+    coef: dict[str, torch.Tensor | float] = {}
+    for var, key in (("co", "co"), ("contra", "ct"), ("abs", "ab")):
+        got = sides.get(var)
+        if got is None:
+            coef[f"c_{key}"] = coef[f"g_{key}"] = 0.0
+            continue
+        c, g = got
+        assert isinstance(c, torch.Tensor) and isinstance(g, torch.Tensor)
+        coef[f"c_{key}"] = c[rows, cols] if c.shape[-2] > 1 else c[0, cols]
+        coef[f"g_{key}"] = g[cols]
+    values = smooth.best_scale_value(coef, positive)
+    if outer is not None:
+        values = values + outer[rows, cols]
+    return rows, cols, values
+
+
+def _chunked(fn: Callable[[dict[str, torch.Tensor | float], bool, smooth.ScaleWork], torch.Tensor], sides: Sides,
+             positive: bool, ref: torch.Tensor) -> torch.Tensor:
+    """``fn`` (a per-pair value of the sides' coefficients) on every pair [..., n, n], in
+    cache-sized chunks of rows, shared by threads on the CPU."""
+    out = torch.empty(ref.shape, dtype=ref.dtype, device=ref.device)
     rows = max(1, SCORE_CHUNK_ELEMENTS // max(1, ref[..., :1, :].numel()))
     starts = list(range(0, ref.shape[-2], rows))
     workers = min(_cores(), SCORE_WORKERS, len(starts)) if ref.device.type == "cpu" else 1
@@ -180,12 +302,10 @@ def scaled_pair_score(terms: list[Term], inner: DiagonalGroup) -> torch.Tensor |
         # with one torch thread): the other cores take every k-th chunk (the kernels
         # release the GIL; each chunk's result is the same whichever thread computes it)
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda k: _score_chunks(sides, inner.positive_only, score, starts[k::workers], rows), range(workers)))
+            list(pool.map(lambda k: _score_chunks(fn, sides, positive, out, starts[k::workers], rows), range(workers)))
     else:
-        _score_chunks(sides, inner.positive_only, score, starts, rows)
-    if outer is not None and outer.dtype == score.dtype and outer.shape == score.shape:
-        return score.add_(outer)
-    return score if outer is None else outer + score
+        _score_chunks(fn, sides, positive, out, starts, rows)
+    return out
 
 
 #: threads that compute a CPU pair score's chunks (at most the cores this process may use)
@@ -200,9 +320,9 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _score_chunks(sides: dict[str, tuple[torch.Tensor | float, torch.Tensor | float]], positive: bool, score: torch.Tensor,
-                  starts: list[int], rows: int) -> None:
-    """The pair score's rows ``r0:r0 + rows`` for every r0 in ``starts``, into ``score``."""
+def _score_chunks(fn: Callable[[dict[str, torch.Tensor | float], bool, smooth.ScaleWork], torch.Tensor], sides: Sides,
+                  positive: bool, out: torch.Tensor, starts: list[int], rows: int) -> None:
+    """``fn`` on the pairs of rows ``r0:r0 + rows`` for every r0 in ``starts``, into ``out``."""
     work = smooth.ScaleWork()
     for r0 in starts:
         coef: dict[str, torch.Tensor | float] = {}
@@ -215,7 +335,7 @@ def _score_chunks(sides: dict[str, tuple[torch.Tensor | float, torch.Tensor | fl
             assert isinstance(c, torch.Tensor) and isinstance(g, torch.Tensor)
             coef[f"c_{key}"] = c[..., r0 : r0 + rows, :] if c.shape[-2] > 1 else c
             coef[f"g_{key}"] = g.unsqueeze(-2)
-        score[..., r0 : r0 + rows, :] = smooth.best_scale_value(coef, positive, work)
+        out[..., r0 : r0 + rows, :] = fn(coef, positive, work)
 
 
 def scales_given(perm: torch.Tensor, terms: list[Term], inner: Group, e_diag: Element, ctx: SolveContext) -> Element:

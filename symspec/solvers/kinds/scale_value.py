@@ -155,3 +155,48 @@ def best_scale_value(coef: dict[str, torch.Tensor | float], positive: bool, work
     # no valid candidate: no co data (g == 0), where the value tends to 0 as |d| grows
     torch.nan_to_num_(best, nan=0.0, posinf=math.inf, neginf=0.0)
     return torch.where(g_ct == 0, best.clamp_min(0.0), best) if bool((g_ct == 0).any()) else best
+
+
+def scale_value_bound(coef: dict[str, torch.Tensor | float], positive: bool, work: ScaleWork | None = None) -> torch.Tensor:
+    """An upper bound of the value :func:`best_scale_value` maximises: each side at its own
+    best scale, ``max(+-lin, 0)^2 / g`` for the co (and abs) terms plus ``c_ct^2 / g_ct``
+    for the contra ones (on d > 0 alone where ``positive``), elementwise in the
+    coefficients' dtype. Equal to the maximum where the two sides' optima agree (planted
+    pairs); +inf where a side has correlation but no Gram. A few passes, against the
+    dozens of :func:`best_scale_value`: what ranks the pairs worth scoring exactly
+    (:func:`.assignment.assign_scaled`). With ``work`` the result is one of its
+    temporaries.
+
+    >>> float(scale_value_bound({"c_co": torch.tensor(2.0), "g_co": 1.0, "c_ct": 0.5, "g_ct": torch.tensor(1.0),
+    ...                          "c_ab": 0.0, "g_ab": 0.0}, positive=True))
+    4.25
+    """
+    c_co, g_co, c_ct, g_ct, c_ab, g_ab = (coef[k] for k in ("c_co", "g_co", "c_ct", "g_ct", "c_ab", "g_ab"))
+    tensors = [v for v in coef.values() if isinstance(v, torch.Tensor)]
+    w = work or ScaleWork()
+    w.start(torch.broadcast_shapes(*(v.shape for v in tensors)), functools.reduce(torch.promote_types, (v.dtype for v in tensors)),
+            tensors[0].device)
+    g = torch.as_tensor(g_co + g_ab, dtype=w.dtype, device=w.device)
+    # per old unit, so cheap: 1 / g (inf where a unit has no Gram: there the bound is
+    # inf, or NaN for no correlation either, which counts as 0)
+    holes = bool((g == 0).any()) or (isinstance(g_ct, torch.Tensor) and bool((g_ct == 0).any()))
+    out = w.get("bound")
+    if positive or isinstance(c_ab, torch.Tensor):
+        lin = w.get("d").copy_(torch.as_tensor(c_co, dtype=w.dtype, device=w.device))
+        # positive: max(c_co + c_ab, 0); else the better sign: max(c_co + c_ab, c_ab - c_co, 0)
+        (lin if positive else lin.abs_()).add_(c_ab).clamp_min_(0.0)
+    else:
+        lin = torch.as_tensor(c_co, dtype=w.dtype, device=w.device)
+    if lin.shape == out.shape:
+        torch.mul(lin, lin, out=out).mul_(torch.reciprocal(g))
+    else:  # no co correlation per pair (a float, or a term of old units alone)
+        out.copy_(torch.reciprocal(g)).mul_(lin.square())
+    if holes:
+        torch.nan_to_num_(out, nan=0.0, posinf=math.inf)
+    if isinstance(c_ct, torch.Tensor) or c_ct != 0:
+        sq = w.get("u").copy_(torch.as_tensor(c_ct, dtype=w.dtype, device=w.device))
+        if positive:
+            sq.clamp_min_(0.0)
+        part = sq.mul_(sq).mul_(torch.reciprocal(torch.as_tensor(g_ct, dtype=w.dtype, device=w.device)))
+        out.add_(torch.nan_to_num_(part, nan=0.0, posinf=math.inf) if holes else part)
+    return out

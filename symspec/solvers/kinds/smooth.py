@@ -32,7 +32,7 @@ import torch
 from ...groups import Element, Group, RoPE
 from ...linalg import lu_inv_ex, lu_solve
 from ..engine.base import SolveContext, SolverError, Term, require_variances, solver
-from .scale_value import SCALE_NEWTON_STEPS, ScaleWork, best_scale_value  # noqa: F401  (re-exported: the pair score looks it up here)
+from .scale_value import SCALE_NEWTON_STEPS, ScaleWork, best_scale_value, scale_value_bound  # noqa: F401  (re-exported: the pair score looks it up here)
 
 Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # cross, gram, a_sq
 
