@@ -362,3 +362,56 @@ def test_the_descent_refuses_non_finite_elements_even_when_forced() -> None:
     finite = res.bound.problem.spaces[space].group.identity()
     d.accept({space: finite}, force=True)
     assert taken  # a finite element reaches the provider
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_settled_spaces_are_not_solved_again_and_the_result_is_the_same(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """A space whose last plain solve took nothing, and none of whose parameters' spaces
+    moved since, is skipped (its terms, hence its answer, would be the same): the
+    history and the aligned weights are those of solving every space every round, bit for
+    bit, with fewer solves. (Permutation groups: the residual, which every other space
+    shares a parameter with, stops moving after a few rounds.)"""
+    from symspec.solvers.engine import descent
+
+    solved: list[str] = []
+    work = descent._ClassWork
+    solve, many, pair = work.solve, work.solve_many, work.solve_pair
+    monkeypatch.setattr(work, "solve", lambda self, g, t, c: solved.append("one") or solve(self, g, t, c))
+    monkeypatch.setattr(work, "solve_many", lambda self, g, ps: solved.extend(["one"] * len(ps)) or many(self, g, ps))
+    monkeypatch.setattr(work, "solve_pair", lambda self, s, t: solved.append("pair") or pair(self, s, t))
+    a, _ = build("llama", seed=0)
+    b, _ = build("llama", seed=seed)
+    skip = symspec.align(a, b, "llama", method="weight", rounds=8, tol=0.0, groups="perm")
+    n_skip = len(solved)
+    solved.clear()
+    monkeypatch.setattr(descent._Moves, "settled", lambda self, s: False)
+    every = symspec.align(a, b, "llama", method="weight", rounds=8, tol=0.0, groups="perm")
+    assert len(skip.history) > 3 and skip.history == every.history
+    for p, v in skip.aligned_b.items():
+        assert torch.equal(v, every.aligned_b[p]), p
+    assert n_skip < len(solved)
+
+
+def test_a_space_is_settled_until_a_space_on_its_parameters_moves() -> None:
+    """The bookkeeping behind the skip: settled after a plain solve that took nothing; not
+    after a greedy one, nor once a space sharing a parameter moves; a space on other
+    parameters moving leaves it settled."""
+    from symspec.solvers.engine.descent import _Moves
+
+    a, _ = build("nanogpt", seed=0, n_layer=2)
+    problem = bind(symspec.load_spec("nanogpt"), a).problem
+    ff0, ff1 = "ff[0]", "ff[1]"
+    assert {ff0, ff1, "resid"} <= set(problem.spaces)
+    moves = _Moves(problem, {})
+    moves.note({ff0: {}}, taken=False, plain=False)
+    assert not moves.settled(ff0)  # a greedy solve saw part of the terms
+    moves.note({ff0: {}}, taken=False, plain=True)
+    assert moves.settled(ff0)
+    moves.note({ff1: {}}, taken=True, plain=True)
+    assert moves.settled(ff0)  # another layer's units share none of its parameters
+    moves.note({"resid": {}}, taken=True, plain=True)
+    assert not moves.settled(ff0)  # the residual acts on its weights
+    moves.note({ff0: {}}, taken=False, plain=True)
+    assert moves.settled(ff0)
+    moves.reset()
+    assert not moves.settled(ff0)

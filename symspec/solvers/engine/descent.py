@@ -105,6 +105,7 @@ class Descent:
         inner = set(self.pairs.values())
         units = [s for s in self.searched if s not in inner]
         self.classes = schedule(problem, units, {s: {s, t} for s, t in self.pairs.items()})
+        self.moves = _Moves(problem, {s: {s, t} for s, t in self.pairs.items()})
 
     def total(self) -> float:
         return total(self.provider.objective().values())
@@ -119,6 +120,7 @@ class Descent:
         say(MatchEvent("start", 0, rounds, total=len(self.searched), objective=history[0]))
         changed: list[str] = []
         start = dict(self.provider.elements)
+        self.moves.reset()
         for r in range(1, rounds + 1):
             changed, done = self._round(r, rounds, r == 1 and greedy_start, history[0], start, say)
             history.append(self.total())
@@ -155,6 +157,7 @@ class Descent:
             if not greedy or self.total() <= start_value:
                 break
             self.provider.load(start)
+            self.moves.reset()
         return changed, done
 
     def solve_class(self, spaces: list[str], on_done: Callable[[str], None], trusted: set[str] | None = None) -> list[str]:
@@ -163,6 +166,14 @@ class Descent:
         spaces are already solved, and keep every solution (the caller checks the round).
         A group's spaces are solved in one call where its solver batches them (the head
         groups of all layers), else one at a time."""
+        if trusted is None:
+            # a space whose last plain solve changed nothing, with nothing it reads moved
+            # since, would get the same terms and the same answer: it is not solved again
+            settled = [s for s in spaces if self.moves.settled(s)]
+            for s in settled:
+                for t in (s, self.pairs[s]) if s in self.pairs else (s,):
+                    on_done(t)
+            spaces = [s for s in spaces if s not in settled]
         by_group: dict[Group, list[str]] = defaultdict(list)
         for s in spaces:
             if s not in self.pairs:
@@ -227,10 +238,50 @@ class _ClassWork:
         return {partner: new_t, space: new_s}
 
     def accept(self, news: dict[str, Element]) -> bool:
-        return self.descent.accept(news, force=self.trusted is not None)
+        taken = self.descent.accept(news, force=self.trusted is not None)
+        self.descent.moves.note(news, taken, plain=self.trusted is None)
+        return taken
 
     def done(self, space: str) -> None:
         self.on_done(space)
+
+
+class _Moves:
+    """Which spaces moved since which solve: a space whose last plain solve (every term, no
+    greedy start) took no new element is settled until a space acting on one of its
+    parameters moves. Its terms are then what they were, so a solver (deterministic, from
+    the terms and the current element) would give the element back again: the descent
+    skips it. ``covers``: a joint pair's outer space -> both its spaces."""
+
+    def __init__(self, problem: Problem, covers: Mapping[str, set[str]]) -> None:
+        self.version = 0
+        self.moved: dict[str, int] = {}
+        self.quiet: dict[str, int] = {}
+        self.reads: dict[str, set[str]] = {}
+        for s in problem.spaces:
+            cover = set(covers.get(s, {s}))
+            self.reads[s] = cover | {t for p in problem.params.values() if cover & (ps := p.spaces()) for t in ps}
+
+    def reset(self) -> None:
+        """Forget every settled space (the elements were set from outside)."""
+        self.quiet.clear()
+        self.version += 1
+        self.moved = dict.fromkeys(self.moved, self.version)
+
+    def note(self, news: Mapping[str, Element], taken: bool, plain: bool) -> None:
+        """A solve of the spaces ``news`` ended: ``taken`` or not, from every term (``plain``)."""
+        if taken:
+            self.version += 1
+            for s in news:
+                self.moved[s] = self.version
+                self.quiet.pop(s, None)
+        elif plain:
+            for s in news:
+                self.quiet[s] = self.version
+
+    def settled(self, space: str) -> bool:
+        since = self.quiet.get(space)
+        return since is not None and all(self.moved.get(t, -1) <= since for t in self.reads[space])
 
 
 def _solve_stacked(group: Group, problems: list[tuple[list[Term], Element]], ctx: SolveContext) -> list[Element]:
