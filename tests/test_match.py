@@ -415,3 +415,28 @@ def test_a_space_is_settled_until_a_space_on_its_parameters_moves() -> None:
     assert moves.settled(ff0)
     moves.reset()
     assert not moves.settled(ff0)
+
+
+@pytest.mark.parametrize("name", ["nanogpt", "llama"])
+def test_a_trial_kept_or_built_again_gives_the_same_result(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A tried change's transformed parameters are kept up to trial_bytes; beyond, they are
+    measured, let go and built again when the change is taken: the history and the aligned
+    weights are the same bit for bit whether everything is kept or nothing is, and with
+    nothing kept every taken change's parameters are built twice."""
+    from symspec.solvers.engine.weight_statistics import WeightStatistics
+
+    built: list[str] = []
+    stepped = WeightStatistics._stepped
+    monkeypatch.setattr(WeightStatistics, "_stepped", lambda self, p, steps: built.append(p) or stepped(self, p, steps))
+    a, _ = build(name, seed=0)
+    b, _ = build(name, seed=1)
+    keep = symspec.align(a, b, name, method="weight", rounds=4, tol=0.0, options=WeightOptions(trial_bytes=float("inf")))
+    n_keep = len(built)
+    built.clear()
+    rebuild = symspec.align(a, b, name, method="weight", rounds=4, tol=0.0, options=WeightOptions(trial_bytes=0))
+    assert keep.history[-1] < keep.history[0] and keep.history == rebuild.history
+    for p, v in keep.aligned_b.items():
+        assert torch.equal(v, rebuild.aligned_b[p]), p
+    assert len(built) > n_keep
+    with pytest.raises(SymspecInputError, match="trial_bytes"):
+        symspec.align(a, b, name, method="weight", rounds=1, options=WeightOptions(trial_bytes=-1))

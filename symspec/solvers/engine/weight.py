@@ -34,6 +34,11 @@ __all__ = ["MatchEvent", "WeightMatchingResult", "WeightOptions", "joint_pairs",
            "sqdist", "widen", "working_dtype"]
 
 
+#: default ``WeightOptions.trial_bytes``: 256 MiB. A 0.5B model's residual trial (1.4 GB in
+#: float32) otherwise set its match's peak memory
+TRIAL_BYTES = float(1 << 28)
+
+
 @attrs.frozen
 class WeightOptions:
     """The solver's knobs, none of which changes what is minimised.
@@ -47,7 +52,10 @@ class WeightOptions:
     ``own_b``: ``sd_b`` is a dict the solver may take tensors out of: B's bound tensors
     become the working copy instead of being copied (for large models: one copy of B
     less), and the result carries B transformed (``aligned``), accumulated round by round
-    (equal to applying ``elements`` to B up to rounding).
+    (equal to applying ``elements`` to B up to rounding). ``trial_bytes``: how much of B's
+    parameters transformed by a tried change is kept until the change is taken; the rest
+    is measured, let go and built again if it is (the same result; a residual rotation's
+    trial is otherwise a second copy of the model).
     """
 
     max_iter: int = 5
@@ -55,6 +63,7 @@ class WeightOptions:
     lap_workers: int = 1
     overlap: bool = True
     own_b: bool = False
+    trial_bytes: float = TRIAL_BYTES
 
 
 @attrs.define
@@ -101,8 +110,10 @@ def match_weights(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapp
     dt = dtype or (working_dtype(ref.dtype) if ref is not None and ref.is_floating_point() else torch.float64)
     if opts.lap_workers < 1:
         raise SymspecInputError(f"lap_workers must be >= 1, got {opts.lap_workers}")
+    if not opts.trial_bytes >= 0:
+        raise SymspecInputError(f"trial_bytes must be >= 0, got {opts.trial_bytes}")
     ctx = SolveContext(device=torch.device(device), dtype=dt, timer=timer or Timer(), max_iter=opts.max_iter)
-    weights = WeightStatistics(problem, sd_a, sd_b, ctx, init, own_b=opts.own_b) if provider is None else None
+    weights = WeightStatistics(problem, sd_a, sd_b, ctx, init, own_b=opts.own_b, trial_bytes=opts.trial_bytes) if provider is None else None
     source = weights if weights is not None else provider(problem, ctx, init)  # type: ignore[misc]
     descent = Descent(problem, source, ctx, ThreadedExecution(opts.lap_workers, opts.overlap))
     out = descent.run(rounds, tol, opts.greedy_start, progress)

@@ -113,13 +113,17 @@ class WeightStatistics:
 
     ``own_b``: ``sd_b`` is a dict this object may take tensors out of: B's bound tensors
     become the working copy instead of being copied (one copy of B less), transformed as
-    the elements change (never in place); :meth:`aligned` returns them.
+    the elements change (never in place); :meth:`aligned` returns them. ``trial_bytes``:
+    how much of B's transformed parameters a tried change keeps for when it is taken
+    (:meth:`evaluate`).
     """
 
     def __init__(self, problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor],
-                 ctx: SolveContext, init: Mapping[str, Element] | None = None, own_b: bool = False) -> None:
+                 ctx: SolveContext, init: Mapping[str, Element] | None = None, own_b: bool = False,
+                 trial_bytes: float = math.inf) -> None:
         self.problem = problem
         self.ctx = ctx
+        self.trial_bytes = trial_bytes
         dev, dt = ctx.device, ctx.dtype
         self.weight = _tie_weights(problem)
         # bound tensors as their axes see them (a view merges stored axes); aligned()
@@ -244,34 +248,61 @@ class WeightStatistics:
         return {p: self.problem.params[p].stored(x) for p, x in out.items()}
 
     def evaluate(self, news: Mapping[str, Element]) -> Trial | None:
-        deltas: dict[str, Element] = {}
+        """The objective with ``news`` taken, on B's parameters transformed by the change.
+        Transformed tensors are kept for :meth:`commit` up to ``trial_bytes`` in all;
+        beyond, each is measured and let go, and built again (the same operations, so the
+        same values) should the change be taken: a residual rotation's trial is a second
+        copy of almost every weight, which set the peak memory of a large model's match."""
+        steps: list[tuple[str, Element, dict[str, Element]]] = []
+        elems = dict(self.elements)
         for s, new in news.items():
             group = self.problem.spaces[s].group
-            old = self.elements[s]
+            old = elems[s]
             if not same_element(new, old):
-                deltas[s] = group.compose(new, group.inverse(old))
-        if not deltas:
+                # the next space's factors are conjugated by this one's new element
+                steps.append((s, group.compose(new, group.inverse(old)), dict(elems)))
+            elems[s] = new
+        if not steps:
             return None
         params = list(dict.fromkeys(inc.param for s in news for inc in self.incidences[s]))
-        saved = dict(self.elements)
-        trial: dict[str, torch.Tensor] = {}
-        with self.ctx.timer("apply"):
-            for s, delta in deltas.items():
-                for p in dict.fromkeys(inc.param for inc in self.incidences[s]):
-                    if p not in self.static:
-                        trial[p] = transform(self.problem, p, trial.get(p, self.cur[p]), {s: delta}, self.elements, only=s)
-                # the next space's factors are conjugated by this one's new element
-                self.elements[s] = news[s]
-        elems = dict(self.elements)
-        self.elements = saved
+        trial: dict[str, torch.Tensor | None] = {}
+        after: dict[str, Value] = {}
+        kept = 0
+        for p in params:
+            if p in self.static:
+                continue
+            with self.ctx.timer("apply"):
+                x = self._stepped(p, steps)
+            if x is None:
+                continue
+            with self.ctx.timer("objective"):
+                after[p] = self._value(p, elems, x)
+            keep = kept + x.numel() * x.element_size() <= self.trial_bytes
+            trial[p] = x if keep else None
+            kept += x.numel() * x.element_size() if keep else 0
+            del x
         with self.ctx.timer("objective"):
-            after = {p: self._value(p, elems, None if p in self.static else trial.get(p, self.cur[p])) for p in params}
+            after = {p: after[p] if p in after else self._value(p, elems, None if p in self.static else self.cur[p])
+                     for p in params}
             before = tuple(self.values[p] for p in params)
-        return Trial(before, tuple(after.values()), (trial, after, elems))
+        return Trial(before, tuple(after.values()), (trial, after, elems, steps))
+
+    def _stepped(self, p: str, steps: list[tuple[str, Element, dict[str, Element]]]) -> torch.Tensor | None:
+        """B's working parameter ``p`` with the changes ``steps`` applied (None: none acts on it)."""
+        x = None
+        for s, delta, at in steps:
+            if any(inc.param == p for inc in self.incidences[s]):
+                x = transform(self.problem, p, self.cur[p] if x is None else x, {s: delta}, at, only=s)
+        return x
 
     def commit(self, trial: Trial) -> None:
-        cur, after, elems = trial.state
-        self.cur.update(cur)
+        cur, after, elems, steps = trial.state
+        for p, x in cur.items():
+            if x is None:  # measured and let go: built again
+                with self.ctx.timer("apply"):
+                    x = self._stepped(p, steps)
+                assert x is not None
+            self.cur[p] = x
         self.values.update(after)
         self.elements = elems
 
