@@ -419,7 +419,7 @@ def test_cli_bad_input_and_nothing_verified(tmp_path: Path) -> None:
 
 BART = """
 import torch, transformers
-cfg = transformers.BartConfig(vocab_size=23, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+cfg = transformers.BartConfig(vocab_size=23, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                               decoder_attention_heads=4, encoder_ffn_dim=12, decoder_ffn_dim=12, max_position_embeddings=32,
                               pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
 torch.manual_seed(0)
@@ -739,23 +739,25 @@ def test_no_attention_with_one_width_is_still_inferred() -> None:
 
 
 def _encoder_decoder(name: str) -> torch.nn.Module:
+    """A tiny encoder-decoder of two layers a stack (T5 keeps its relative position bias in
+    the first layer of each: one layer hid that its spaces were numbered by order in a layer)."""
     import transformers
 
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if name == "t5":
-            cfg = transformers.T5Config(vocab_size=23, d_model=16, d_kv=4, d_ff=12, num_layers=1, num_decoder_layers=1,
+            cfg = transformers.T5Config(vocab_size=23, d_model=16, d_kv=4, d_ff=12, num_layers=2, num_decoder_layers=2,
                                         num_heads=4, relative_attention_num_buckets=8, decoder_start_token_id=0,
                                         pad_token_id=0, eos_token_id=1)
             return transformers.T5ForConditionalGeneration(cfg).eval()
         if name == "bart":
-            cfg = transformers.BartConfig(vocab_size=23, d_model=16, encoder_layers=1, decoder_layers=1,
+            cfg = transformers.BartConfig(vocab_size=23, d_model=16, encoder_layers=2, decoder_layers=2,
                                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=12,
                                           decoder_ffn_dim=12, max_position_embeddings=32, pad_token_id=1, bos_token_id=0,
                                           eos_token_id=2, decoder_start_token_id=2)
             return transformers.BartForConditionalGeneration(cfg).eval()
-        cfg = transformers.WhisperConfig(vocab_size=23, d_model=16, encoder_layers=1, decoder_layers=1,
+        cfg = transformers.WhisperConfig(vocab_size=23, d_model=16, encoder_layers=2, decoder_layers=2,
                                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=12,
                                          decoder_ffn_dim=12, num_mel_bins=8, max_source_positions=8, max_target_positions=16,
                                          pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,

@@ -122,6 +122,11 @@ class Draft:
     views: dict[str, tuple[tuple[int, ...], ...]] = attrs.field(factory=dict)
 
 
+def template_of(name: str) -> str:
+    """``name`` with its first layer number as ``{i}``."""
+    return _LAYER.sub(".{i}.", name, count=1)
+
+
 def layer_of(pname: str) -> int | None:
     m = _LAYER.search(pname)
     return int(m.group(1)) if m else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .draft import Fold, Space, layer_of
+from .draft import Fold, Space, layer_of, template_of
 from .facts import TRANSPARENT
 from .lattice import largest, meet, shrink_chain
 
@@ -54,6 +54,10 @@ class SpacePlans:
                     order.append(r)
         emb = self._embedding_class()
         per_layer: dict[int | None, int] = {}
+        # per-layer spaces form a family ``base[i]`` by the parameters they bind, as layer
+        # templates: a space only one layer has (T5's relative position bias, in the first
+        # layer of each stack) is a family of its own, not the next layer's first space
+        families: list[tuple[set[str], str, set[int]]] = []
         for r in order:
             axes = self._axes_of(r)
             if self.ax.size[r] <= 1 or not any(role in ("co", "contra") for _, _, roles in axes for role in roles):
@@ -79,9 +83,17 @@ class SpacePlans:
                 per_layer[None] = k + 1
                 base = "hidden" if k == 0 else f"hidden{k + 1}"
             else:
-                k = sum(1 for (b, i) in self.class_space.values() if i == index and b != "resid")
                 stem = "mlp" if any(t.startswith(("nonlinear", "odd", "homogeneous", "product")) for t in tags) else "hidden"
-                base = stem if k == 0 else f"{stem}{k + 1}"
+                templates = {template_of(p) for p, _, _ in axes}
+                found = next((fam for fam in families if fam[0] & templates and index not in fam[2]
+                              and fam[1].rstrip("0123456789") == stem), None)
+                if found is None:
+                    k = len(families)
+                    found = ({*templates}, stem if k == 0 else f"{stem}{k + 1}", set())
+                    families.append(found)
+                found[0].update(templates)
+                found[2].add(index)
+                base = found[1]
             sp = self.spaces.get(base)
             if sp is None:
                 dim = "d" if base == "resid" else "f" if base == "mlp" else f"n_{base}"

@@ -6,8 +6,6 @@ agree). A space shrunk to the identity disappears from every axis that named it.
 
 from __future__ import annotations
 
-import re
-
 import attrs
 
 from ..spec.model import (
@@ -21,15 +19,10 @@ from ..spec.model import (
     TieDecl,
 )
 from ..spec.write import NoteKey, dump_spec
-from .draft import Draft, Fold, layer_of
+from .draft import Draft, Fold, layer_of, template_of
 
-_LAYER = re.compile(r"\.(\d+)\.")
 #: the comment on a norm whose bias stays
 _KEEPS_BIAS = "a layer that reads it has no bias: the norm keeps its bias"
-
-
-def template_of(name: str) -> str:
-    return _LAYER.sub(".{i}.", name, count=1)
 
 
 def render(draft: Draft, header: list[str]) -> str:
