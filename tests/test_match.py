@@ -440,3 +440,30 @@ def test_a_trial_kept_or_built_again_gives_the_same_result(monkeypatch: pytest.M
     assert len(built) > n_keep
     with pytest.raises(SymspecInputError, match="trial_bytes"):
         symspec.align(a, b, name, method="weight", rounds=1, options=WeightOptions(trial_bytes=-1))
+
+
+def test_b_s_own_embedding_is_aligned_in_place_in_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With B's working copy owned by the solver (keep_canonical_b=False), a parameter
+    only one space acts on (the embedding) is aligned in place, a slice of rows at a time,
+    instead of beside a second copy: the same weights as the copying way, to rounding."""
+    from symspec.solvers.engine import acting
+
+    sliced: list[str] = []
+    in_place = acting.transform_in_place
+
+    def spy(problem: Any, p: str, x: torch.Tensor, applied: Any) -> torch.Tensor:
+        out = in_place(problem, p, x, applied)
+        if out.data_ptr() == x.data_ptr():
+            sliced.append(p)
+        return out
+
+    monkeypatch.setattr(acting, "IN_PLACE_CHUNK", 64)
+    monkeypatch.setattr("symspec.solvers.engine.weight_statistics.transform_in_place", spy)
+    a, _ = build("nanogpt", seed=0)
+    b, _ = build("nanogpt", seed=1)
+    kept = symspec.align(a, b, "nanogpt", rounds=2)
+    owned = symspec.align(a, b, "nanogpt", rounds=2, keep_canonical_b=False)
+    assert sliced and all("wte" in p or "wpe" in p or "lm_head" in p for p in sliced), sliced
+    assert owned.history == kept.history
+    for p, v in kept.aligned_b.items():
+        torch.testing.assert_close(owned.aligned_b[p], v, rtol=1e-12, atol=1e-12)

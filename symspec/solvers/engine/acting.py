@@ -78,3 +78,24 @@ def transform(problem: Problem, p: str, x: torch.Tensor, applied: Mapping[str, E
             moved = ab.layout.to_storage(moved)
         x = moved.movedim(0, ab.axis)
     return x
+
+
+#: entries of a large tensor transformed at once by :func:`transform_in_place` (32 MB in float32)
+IN_PLACE_CHUNK = 1 << 23
+
+
+def transform_in_place(problem: Problem, p: str, x: torch.Tensor, applied: Mapping[str, Element]) -> torch.Tensor:
+    """:func:`transform` written into ``x`` itself, a slice at a time along the largest axis
+    no element of ``applied`` acts on (an embedding's rows); a tensor without such an axis,
+    or small, is transformed whole (and returned new)."""
+    pb = problem.params[p]
+    moved = {ab.axis for ab in pb.axes if any(f.space in applied for seg in ab.segments for f in seg.factors)}
+    free = [a for a in range(x.ndim) if a not in moved]
+    if not free or x.numel() <= IN_PLACE_CHUNK:
+        return transform(problem, p, x, applied)
+    axis = max(free, key=lambda a: x.shape[a])
+    step = max(1, IN_PLACE_CHUNK * x.shape[axis] // x.numel())
+    for s in range(0, x.shape[axis], step):
+        part = x.narrow(axis, s, min(step, x.shape[axis] - s))
+        part.copy_(transform(problem, p, part, applied))
+    return x

@@ -23,7 +23,7 @@ import torch
 
 from ...groups import Element
 from ...problem import Incidence, Problem
-from .acting import segment, transform
+from .acting import segment, transform, transform_in_place
 from .base import JOINT, DataTerm, Piece, SolveContext, StatTerm, SumTerm, Term, solver_for
 from .rounding import (
     EVAL_ROUNDING,
@@ -124,6 +124,8 @@ class WeightStatistics:
         self.problem = problem
         self.ctx = ctx
         self.trial_bytes = trial_bytes
+        #: static parameters of B this object holds alone (own_b): aligned() may overwrite them
+        self.owned_static: set[str] = set()
         dev, dt = ctx.device, ctx.dtype
         self.weight = _tie_weights(problem)
         # bound tensors as their axes see them (a view merges stored axes); aligned()
@@ -195,6 +197,13 @@ class WeightStatistics:
         with self.ctx.timer("apply"):
             for p in self.weight:
                 if p in self.static:
+                    # kept as it is until aligned(), which may then act on it in place:
+                    # unless another of the caller's names holds its memory (a tie)
+                    mine = sd_b.pop(p, None)
+                    ptr = self.b0[p].untyped_storage().data_ptr()
+                    if not any(v.untyped_storage().data_ptr() == ptr for v in sd_b.values() if isinstance(v, torch.Tensor)):
+                        self.owned_static.add(p)
+                    del mine
                     continue
                 x = self.b0.pop(p)
                 sd_b.pop(p, None)
@@ -244,7 +253,14 @@ class WeightStatistics:
         out = dict(self.cur)
         with self.ctx.timer("apply"):
             for p in self.static:
-                out[p] = transform(self.problem, p, self.b0[p], self.elements)
+                if p in self.owned_static:
+                    # B's own copy (own_b): transformed in place, a slice at a time along an
+                    # axis no element acts on, rather than beside a second copy (a 152k x
+                    # 896 embedding set the peak of a 0.5B match)
+                    out[p] = transform_in_place(self.problem, p, self.b0.pop(p), self.elements)
+                    self.owned_static.discard(p)
+                else:
+                    out[p] = transform(self.problem, p, self.b0[p], self.elements)
         return {p: self.problem.params[p].stored(x) for p, x in out.items()}
 
     def evaluate(self, news: Mapping[str, Element]) -> Trial | None:
