@@ -263,16 +263,11 @@ def pruned_pair_score(outer: torch.Tensor | None, sides: Sides, positive: bool, 
     """The pair score on each row's and each column's ``k`` pairs of highest upper bound
     (:func:`.smooth.scale_value_bound` plus the permutation-only correlation), as
     (rows, cols, values) of the distinct pairs; ``ref`` [n, n] gives the shape."""
-    n = ref.shape[-1]
     bound = _chunked(smooth.scale_value_bound, sides, positive, ref)
     if outer is not None:
         bound = bound.add_(outer) if outer.dtype == bound.dtype else bound + outer
-    by_row = bound.topk(k, dim=1, sorted=False).indices  # [n, k]: each new unit's best old units
-    by_col = bound.topk(k, dim=0, sorted=False).indices  # [k, n]: each old unit's best new units
+    rows, cols = candidates(bound, k)
     del bound
-    ar = torch.arange(n, device=ref.device)
-    flat = torch.cat([(ar[:, None] * n + by_row).flatten(), (by_col * n + ar[None, :]).flatten()]).unique()
-    rows, cols = flat // n, flat % n
     coef: dict[str, torch.Tensor | float] = {}
     for var, key in (("co", "co"), ("contra", "ct"), ("abs", "ab")):
         got = sides.get(var)
@@ -287,6 +282,37 @@ def pruned_pair_score(outer: torch.Tensor | None, sides: Sides, positive: bool, 
     if outer is not None:
         values = values + outer[rows, cols]
     return rows, cols, values
+
+
+def candidates(score: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct pairs (rows, cols) among each row's and each column's ``k`` highest
+    entries of ``score`` [n, n].
+
+    >>> r, c = candidates(torch.tensor([[3.0, 1.0, 0.0], [2.0, 5.0, 1.0], [0.0, 4.0, 9.0]]), 1)
+    >>> sorted(zip(r.tolist(), c.tolist()))
+    [(0, 0), (1, 1), (2, 2)]
+    """
+    n = score.shape[-1]
+    by_row = _topk(score, k, 1)  # [n, k]: each new unit's best old units
+    by_col = _topk(score, k, 0)  # [k, n]: each old unit's best new units
+    ar = torch.arange(n, device=score.device)
+    flat = torch.cat([(ar[:, None] * n + by_row).flatten(), (by_col * n + ar[None, :]).flatten()]).unique()
+    return flat // n, flat % n
+
+
+def _topk(score: torch.Tensor, k: int, dim: int) -> torch.Tensor:
+    """The indices of the ``k`` highest entries of ``score`` [n, n] along ``dim``, the other
+    axis split among threads on the CPU (the solvers run with one torch thread; each
+    part's result is the same whichever thread computes it)."""
+    other = 1 - dim
+    workers = min(_cores(), SCORE_WORKERS, score.shape[other]) if score.device.type == "cpu" else 1
+    if workers <= 1:
+        return score.topk(k, dim=dim, sorted=False).indices
+    bounds = [score.shape[other] * i // workers for i in range(workers + 1)]
+    with ThreadPoolExecutor(workers) as pool:
+        parts = list(pool.map(lambda i: score.narrow(other, bounds[i], bounds[i + 1] - bounds[i]).topk(k, dim=dim, sorted=False).indices,
+                              range(workers)))
+    return torch.cat(parts, other)
 
 
 def _chunked(fn: Callable[[dict[str, torch.Tensor | float], bool, smooth.ScaleWork], torch.Tensor], sides: Sides,
