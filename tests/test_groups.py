@@ -32,9 +32,10 @@ def groups(draw: st.DrawFn) -> object:
     dh = draw(st.integers(1, 4))
     qk = draw(st.sampled_from([GL(dh), O(dh), S(dh), D(dh)] + ([RoPE(dh)] if dh % 2 == 0 else [])))
     ov = draw(st.sampled_from([GL(dh), O(dh), S(dh)]))
+    permute = draw(st.booleans())
     if draw(st.booleans()):
-        return Heads(heads, (("", qk),), kv)
-    return Heads(heads, (("qk", qk), ("ov", ov)), kv)
+        return Heads(heads, (("", qk),), kv, permute)
+    return Heads(heads, (("qk", qk), ("ov", ov)), kv, permute)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -254,7 +255,7 @@ KIND_EXAMPLES: dict[str, list[str]] = {
     "Dpos": ["Dpos(1)", "Dpos(3)"],
     "RoPE": ["RoPE(2)", "RoPE(6)", "RoPE(8, rot=4)", "RoPE(4, rot=0)", "RoPE(6, layout=interleaved)"],
     "Heads": ["Heads(1, GL(2))", "Heads(3, S(2))", "Heads(4, qk=RoPE(4), ov=GL(4), kv=2)", "Heads(2, qk=O(3), ov=OC(3))",
-              "Heads(6, D(2), kv=3)"],
+              "Heads(6, D(2), kv=3)", "Heads(4, qk=GL(2), ov=O(2), kv=2, perm=False)"],
     "Experts": ["Experts(1, S(3))", "Experts(3, GL(2))", "Experts(2, Dpos(2))"],
 }
 
@@ -307,3 +308,30 @@ def test_check_group_needs_a_parsable_text_form() -> None:
 
     with pytest.raises(AssertionError, match="text form: parse\\('Cyc\\(3\\)'\\) fails: unknown group 'Cyc'"):
         check_group(Cyc(3))
+
+
+def test_heads_that_keep_their_places() -> None:
+    """Heads(..., perm=False): per-head maps without a head permutation (a per-head table
+    the model does not let move pins the heads: ALiBi's slopes, T5's relative position
+    bias). Its elements and matrices never move a head, its samples neither; the same
+    element with two heads swapped belongs to Heads(...) but not to it; with identity
+    within-head groups it is trivial; perm takes True or False only."""
+    fixed = parse("Heads(4, qk=GL(2), ov=GL(2), kv=2, perm=False)")
+    free = parse("Heads(4, qk=GL(2), ov=GL(2), kv=2)")
+    assert str(fixed) == "Heads(4, qk=GL(2), ov=GL(2), kv=2, perm=False)" and fixed != free
+    e = fixed.sample(3)
+    assert torch.equal(e["perm"], torch.arange(2)) and torch.equal(e["qperm"], torch.arange(2).expand(2, 2))
+    assert fixed.contains(e) and free.contains(e)
+    moved = dict(e)
+    moved["perm"] = torch.tensor([1, 0])
+    assert free.contains(moved) and not fixed.contains(moved)
+    single = parse("Heads(2, GL(2), perm=False)")
+    m = single.matrix(single.sample(1))
+    assert single.contains(m)
+    swap = torch.zeros(4, 4, dtype=m.dtype)
+    swap[:2, 2:], swap[2:, :2] = m[:2, :2], m[2:, 2:]
+    assert parse("Heads(2, GL(2))").contains(swap) and not single.contains(swap)
+    assert parse("Heads(4, qk=Id(2), ov=Id(2), perm=False)").is_trivial() and not parse("Heads(4, qk=Id(2), ov=Id(2))").is_trivial()
+    assert free.permutation_subgroup().permute and not fixed.permutation_subgroup().permute
+    with pytest.raises(GroupError, match="perm must be True or False"):
+        parse("Heads(4, GL(2), perm=0)")

@@ -276,7 +276,8 @@ def test_sign_solver() -> None:
 
 
 @pytest.mark.parametrize("text", ["Heads(4, qk=GL(3), ov=GL(3))", "Heads(6, qk=GL(2), ov=O(2), kv=2)",
-                                  "Heads(4, qk=RoPE(2), ov=GL(2), kv=1)", "Heads(3, Id(2))", "Heads(4, qk=D(2), ov=S(2), kv=2)"])
+                                  "Heads(4, qk=RoPE(2), ov=GL(2), kv=1)", "Heads(3, Id(2))", "Heads(4, qk=D(2), ov=S(2), kv=2)",
+                                  "Heads(4, qk=GL(3), ov=GL(3), kv=2, perm=False)"])
 def test_heads_recover_planted_permutations_and_maps(text: str) -> None:
     group = parse(text)
     assert isinstance(group, Heads)
@@ -292,6 +293,29 @@ def test_heads_recover_planted_permutations_and_maps(text: str) -> None:
     for path in group.rep_paths():
         for variance in ("co", "contra"):
             assert torch.allclose(group.matrix(found, path, variance), group.matrix(g, path, variance), atol=1e-8)
+
+
+def test_heads_that_keep_their_places_are_never_permuted() -> None:
+    """Heads(..., perm=False): B's heads planted in another order with within-head maps
+    cannot be undone by moving heads; the solver leaves every head in its place and fits
+    the within-head maps there, while the same group with its permutation finds the
+    planted element (so the data do call for a permutation)."""
+    fixed = parse("Heads(4, qk=GL(2), ov=GL(2), perm=False)")
+    free = parse("Heads(4, qk=GL(2), ov=GL(2))")
+    assert isinstance(fixed, Heads) and isinstance(free, Heads)
+    gen = torch.Generator().manual_seed(5)
+    g = free.sample(2)
+    assert not torch.equal(g["perm"], torch.arange(4))
+    ts = []
+    for path in free.rep_paths():
+        for variance in ("co", "contra"):
+            b = randn(gen, free.rep_size(path), 9)
+            ts.append(term(free.apply(g, b, path, variance), b, variance, path))
+    kept = solve(fixed, ts)
+    assert fixed.contains(kept) and torch.equal(kept["perm"], torch.arange(4))
+    moved = solve(free, ts)
+    assert torch.equal(moved["perm"], g["perm"])
+    assert float(objective(free, ts, moved)) < 1e-12 < float(objective(fixed, ts, kept))
 
 
 # -- joint pairs ----------------------------------------------------------------------------------

@@ -44,6 +44,10 @@ class Heads(Group):
     heads: int = attrs.field()
     parts: tuple[tuple[str, Group], ...] = attrs.field()
     kv: int = attrs.field(default=attrs.Factory(lambda self: self.heads, takes_self=True))
+    #: False: the heads keep their places (only the within-head maps act): a per-head table
+    #: the model does not let move with them (ALiBi's slopes, T5's relative position bias
+    #: shared by every layer of a stack) pins them
+    permute: bool = True
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.heads, int) or self.heads < 1:
@@ -78,6 +82,10 @@ class Heads(Group):
                 raise GroupError("Heads does not take **kwargs")
             if kw.arg == "kv":
                 fields.append(("kv", parser.dim(kw.value, "Heads: kv")))
+            elif kw.arg == "perm":
+                if not (isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, bool)):
+                    raise GroupError(f"Heads: perm must be True or False, got '{ast.unparse(kw.value)}'")
+                fields.append(("permute", kw.value.value))
             else:
                 parts.append((kw.arg, parser.call(kw.value)))
         names = [p for p, _ in parts]
@@ -97,6 +105,8 @@ class Heads(Group):
             args.append(f"{name}={g}" if name else str(g))
         if self.kv != self.heads:
             args.append(f"kv={self.kv}")
+        if not self.permute:
+            args.append("perm=False")
         return f"Heads({', '.join(args)})"
 
     # -- structure ---------------------------------------------------------------------
@@ -154,7 +164,10 @@ class Heads(Group):
     def permutation_subgroup(self) -> Group:
         """The head permutations only: every part's within-head group becomes Id (the
         paper's baseline searches no within-head map)."""
-        return Heads(self.heads, tuple((name, Id(g.n)) for name, g in self.parts), self.kv)
+        return Heads(self.heads, tuple((name, Id(g.n)) for name, g in self.parts), self.kv, self.permute)
+
+    def is_trivial(self) -> bool:
+        return not self.permute and all(g.is_trivial() for _, g in self.parts)
 
     def fixed_subgroup(self) -> Group:
         """The same as :meth:`permutation_subgroup`: a head group's representations need
@@ -203,6 +216,8 @@ class Heads(Group):
         gen = make_generator(seed)
         perm = torch.randperm(self.kv, generator=gen)
         qperm = torch.argsort(torch.rand(self.kv, self.group_size, generator=gen), dim=-1)
+        if not self.permute:
+            perm, qperm = torch.sort(perm).values, torch.sort(qperm, dim=-1).values  # the same draws, in place
         parts = {p: g.sample(gen, batch=(self.kv,), dtype=dtype, device=device, cond=cond) for p, g in self.parts}
         return self._assemble(perm.to(device), qperm.to(device), parts)
 
@@ -238,6 +253,9 @@ class Heads(Group):
         ar = torch.arange(self.group_size, device=a["qperm"].device)
         if not bool((torch.sort(a["qperm"], dim=-1).values == ar).all()):
             return False
+        if not self.permute and not (bool((a["perm"] == torch.arange(self.kv, device=a["perm"].device)).all())
+                                     and bool((a["qperm"] == ar).all())):
+            return False
         return all(g.contains(self.within(a, p), atol) for p, g in self.parts)
 
     def contains(self, a: Element | torch.Tensor, atol: float = 1e-8) -> bool:
@@ -262,6 +280,8 @@ class Heads(Group):
         if not bool((nz.sum(1) == 1).all() and (nz.sum(0) == 1).all()):
             return False
         src = nz.to(torch.int64).argmax(1)  # new head i reads old head src[i]
+        if not self.permute and not bool((src == torch.arange(self.heads, device=src.device)).all()):
+            return False
         gs = self.group_size
         for j in range(self.kv):
             olds = src[j * gs : (j + 1) * gs] // gs

@@ -241,10 +241,13 @@ def solve_heads_many(group: Group, problems: list[tuple[list[Term], Element]], c
             perms.append((current["perm"], current["qperm"]))
             starts.append({name: group.within(current, name) for name, _ in group.parts})
             continue
-        with ctx.timer("heads:similarity"):
-            sq, skv = head_similarity(group, terms)
-        with ctx.timer("assign"):
-            perm, qperm = assign_heads(group, sq, skv)
+        if group.permute:
+            with ctx.timer("heads:similarity"):
+                sq, skv = head_similarity(group, terms)
+            with ctx.timer("assign"):
+                perm, qperm = assign_heads(group, sq, skv)
+        else:  # the heads keep their places
+            perm, qperm = current["perm"], current["qperm"]
         perm = perm.to(current["perm"].device)
         qperm = qperm.to(current["qperm"].device)
         perms.append((perm, qperm))
