@@ -788,6 +788,11 @@ def test_encoder_decoder_folders_get_inputs_from_their_config(name: str, tmp_pat
     if name == "t5":  # one tensor shared four ways is one tie, not three pairs
         assert [set(t.params) for t in spec.ties] == [{"shared.weight", "encoder.embed_tokens.weight",
                                                        "decoder.embed_tokens.weight", "lm_head.weight"}]
+        # its self-attention heads share one relative position bias table per stack: moving
+        # a head fails the check (the history says so), per-head maps in place hold
+        selfs = [n for n, g in groups.items() if g == "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)"]
+        assert len(selfs) == 2, groups
+        assert "Heads(H, qk=Id(dh), ov=Id(dh)) failed the check" in report["yaml"]
 
 
 @pytest.mark.parametrize("name", ["t5", "bart", "whisper"])

@@ -318,10 +318,19 @@ def _shrink(sp: Any, why: str) -> None:
         else:
             sp.group = "Id"
     elif sp.kind == "heads":
+        if sp.start is None:
+            sp.start = (sp.qk, sp.ov, list(sp.qk_chain), list(sp.ov_chain))
         if sp.qk_chain:
             sp.qk = sp.qk_chain.pop(0)
         elif sp.ov_chain:
             sp.ov = sp.ov_chain.pop(0)
+        elif sp.permute:
+            # the head permutation alone breaks the function (a per-head table it does not
+            # move: ALiBi's slopes, T5's relative position bias): per-head maps may still
+            # hold with every head in its place, from the largest ones down again
+            sp.permute = False
+            sp.qk, sp.ov, qk_chain, ov_chain = sp.start
+            sp.qk_chain, sp.ov_chain = list(qk_chain), list(ov_chain)
         else:
             sp.group = "Id"
     elif sp.chain:

@@ -60,6 +60,11 @@ class Space:
     rot: int | None = None
     rot_dim: str | None = None
     rope_layout: str = "half"
+    #: False once the head permutation itself failed the check (a per-head table pins the heads)
+    permute: bool = True
+    #: (qk, ov, qk_chain, ov_chain) as first proposed: the shrinking starts again from
+    #: there without the head permutation
+    start: tuple[str, str, list[str], list[str]] | None = None
     # experts: Experts(experts_dim, within(dim))
     within: str = "S"
     experts_dim: str = "E"
@@ -72,7 +77,8 @@ class Space:
             qk = (f"{self.qk}({self.dh_dim}" + (f", rot={self.rot_dim}" if rope and self.rot_dim else "")
                   + (", layout=interleaved" if rope and self.rope_layout == "interleaved" else "") + ")")
             kv = f", kv={self.kv_dim}" if self.kv_dim else ""
-            return f"Heads({self.heads_dim}, qk={qk}, ov={self.ov}({self.dh_dim}){kv})"
+            fixed = "" if self.permute else ", perm=False"
+            return f"Heads({self.heads_dim}, qk={qk}, ov={self.ov}({self.dh_dim}){kv}{fixed})"
         if self.kind == "experts":
             return f"Experts({self.experts_dim}, {self.within}({self.dim}))"
         return f"{self.group}({self.dim})"
