@@ -1,4 +1,5 @@
 import os
+import signal
 
 import torch
 from hypothesis import HealthCheck, settings
@@ -11,3 +12,9 @@ torch.set_num_threads(1)
 settings.register_profile("fast", max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("SYMSPEC_HYPOTHESIS", "fast"))
+
+# A suite started in the background by a non-interactive shell inherits SIGINT ignored,
+# and so would every command the Ctrl-C tests start: they test symspec's handling of an
+# interrupt, which needs Python's own (what a terminal's Ctrl-C meets).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
