@@ -130,5 +130,10 @@ NEW: dict[str, tuple[Callable[..., tuple[torch.nn.Module, Any]], dict[str, str]]
     "vit_registers_avgpool": (_timm("vit_tiny_patch16_224", class_token=False, global_pool="avg", reg_tokens=2),
                               {"resid": "OC(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh))", "mlp": "S(f)"}),
     # CLIP's text embedding: the pooled end-of-text token, x[rows, cols] with two index tensors
+    # ALiBi: a per-head bias on the scores (baddbmm) that no head permutation moves, so the
+    # heads keep their places with their QK and OV maps; the embedding LayerNorm leaves
+    # the residual permutations and a sign
+    "bloom": (_hf("BloomForCausalLM", "BloomConfig"),
+              {"resid": "S(d)", "sgn": "Sign(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)", "mlp": "S(f)"}),
     "clip_text": (_clip_text, {"resid": "OC(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh))", "mlp": "S(f)"}),
 }

@@ -166,8 +166,10 @@ class _Builder(SpacePlans, Bindings):
             if not (att.q and att.k and att.v and att.qh):
                 continue
             qw, kw, vw = (self.ax.find(x[0]) for x in (att.q, att.k, att.v))
-            qh = self.ax.find(att.qh[0])
-            kh = self.ax.find(att.kh[0]) if att.kh else None
+            # heads merged with the batch ([batch * heads, seq, dh], Bloom's baddbmm): the heads
+            # are the inner part of the merged axis
+            qh = self.ax.find(att.qh[-1])
+            kh = self.ax.find(att.kh[-1]) if att.kh else None
             layer = self._layer_of_module(att.module)
             k = count.get(layer, 0)
             count[layer] = k + 1

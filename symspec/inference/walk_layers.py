@@ -362,6 +362,20 @@ class LayerRules:
     def op_bmm(self, n: fx.Node, shape: Any) -> None:
         return self.op_matmul(n, shape)
 
+    def op_baddbmm(self, n: fx.Node, shape: Any) -> None:
+        """``beta * input + alpha * (batch1 @ batch2)``: the product read as a matmul, the
+        input as a table added to it (Bloom's ALiBi: per-head biases on the scores, built
+        from the mask, which no head permutation moves; the check then pins the heads)."""
+        table, a, b = n.args[0], n.args[1], n.args[2]
+        self._matmul(n, shape, a, b)
+        if n.name not in self.lay or shape is None:
+            return None  # the product was not read: said there
+        if isinstance(table, fx.Node) and self.L(table) is not None:
+            if self.feat(table):  # features added to a product of features: not read
+                return self.opaque(n, "baddbmm")
+            self._tag_along(n, shape, table, "constadd")
+        return None
+
     def _linear(self, n: fx.Node, shape: Any, x: Any, w: Any, b: Any, read: int, write: int) -> None:
         lx, lw = self.L(x), self.L(w)
         if lx is None or lw is None or shape is None or len(lw) != 2:
@@ -386,7 +400,9 @@ class LayerRules:
             self.linear_out[n.name] = pname
 
     def op_matmul(self, n: fx.Node, shape: Any) -> None:
-        a, b = n.args[0], n.args[1]
+        return self._matmul(n, shape, n.args[0], n.args[1])
+
+    def _matmul(self, n: fx.Node, shape: Any, a: Any, b: Any) -> None:
         la, lb = self.L(a), self.L(b)
         if la is None or lb is None or shape is None:
             return self.opaque(n, "matmul")
