@@ -275,19 +275,25 @@ def test_sign_solver() -> None:
 # -- heads ----------------------------------------------------------------------------------------
 
 
+def _planted_head_terms(group: Heads, g: dict[str, torch.Tensor], gen: torch.Generator, m: int) -> list[Term]:
+    """A co and a contra term per representation of ``group``: random data b [., m] and
+    a = g.b."""
+    ts: list[Term] = []
+    for path in group.rep_paths():
+        for variance in ("co", "contra"):
+            b = randn(gen, group.rep_size(path), m)
+            ts.append(term(group.apply(g, b, path, variance), b, variance, path))
+    return ts
+
+
 @pytest.mark.parametrize("text", ["Heads(4, qk=GL(3), ov=GL(3))", "Heads(6, qk=GL(2), ov=O(2), kv=2)",
                                   "Heads(4, qk=RoPE(2), ov=GL(2), kv=1)", "Heads(3, Id(2))", "Heads(4, qk=D(2), ov=S(2), kv=2)",
                                   "Heads(4, qk=GL(3), ov=GL(3), kv=2, perm=False)"])
 def test_heads_recover_planted_permutations_and_maps(text: str) -> None:
     group = parse(text)
     assert isinstance(group, Heads)
-    gen = torch.Generator().manual_seed(9)
     g = group.sample(4)
-    ts = []
-    for path in group.rep_paths():
-        for variance in ("co", "contra"):
-            b = randn(gen, group.rep_size(path), 7)
-            ts.append(term(group.apply(g, b, path, variance), b, variance, path))
+    ts = _planted_head_terms(group, g, torch.Generator().manual_seed(9), 7)
     found = solve(group, ts)
     assert group.contains(found)
     for path in group.rep_paths():
@@ -303,14 +309,9 @@ def test_heads_that_keep_their_places_are_never_permuted() -> None:
     fixed = parse("Heads(4, qk=GL(2), ov=GL(2), perm=False)")
     free = parse("Heads(4, qk=GL(2), ov=GL(2))")
     assert isinstance(fixed, Heads) and isinstance(free, Heads)
-    gen = torch.Generator().manual_seed(5)
     g = free.sample(2)
     assert not torch.equal(g["perm"], torch.arange(4))
-    ts = []
-    for path in free.rep_paths():
-        for variance in ("co", "contra"):
-            b = randn(gen, free.rep_size(path), 9)
-            ts.append(term(free.apply(g, b, path, variance), b, variance, path))
+    ts = _planted_head_terms(free, g, torch.Generator().manual_seed(5), 9)
     kept = solve(fixed, ts)
     assert fixed.contains(kept) and torch.equal(kept["perm"], torch.arange(4))
     moved = solve(free, ts)

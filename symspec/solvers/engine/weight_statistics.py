@@ -199,11 +199,10 @@ class WeightStatistics:
                 if p in self.static:
                     # kept as it is until aligned(), which may then act on it in place:
                     # unless another of the caller's names holds its memory (a tie)
-                    mine = sd_b.pop(p, None)
+                    sd_b.pop(p, None)
                     ptr = self.b0[p].untyped_storage().data_ptr()
                     if not any(v.untyped_storage().data_ptr() == ptr for v in sd_b.values() if isinstance(v, torch.Tensor)):
                         self.owned_static.add(p)
-                    del mine
                     continue
                 x = self.b0.pop(p)
                 sd_b.pop(p, None)

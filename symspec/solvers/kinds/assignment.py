@@ -268,16 +268,7 @@ def pruned_pair_score(outer: torch.Tensor | None, sides: Sides, positive: bool, 
         bound = bound.add_(outer) if outer.dtype == bound.dtype else bound + outer
     rows, cols = candidates(bound, k)
     del bound
-    coef: dict[str, torch.Tensor | float] = {}
-    for var, key in (("co", "co"), ("contra", "ct"), ("abs", "ab")):
-        got = sides.get(var)
-        if got is None:
-            coef[f"c_{key}"] = coef[f"g_{key}"] = 0.0
-            continue
-        c, g = got
-        assert isinstance(c, torch.Tensor) and isinstance(g, torch.Tensor)
-        coef[f"c_{key}"] = c[rows, cols] if c.shape[-2] > 1 else c[0, cols]
-        coef[f"g_{key}"] = g[cols]
+    coef = _coefs(sides, lambda c: c[rows, cols] if c.shape[-2] > 1 else c[0, cols], lambda g: g[cols])
     values = smooth.best_scale_value(coef, positive)
     if outer is not None:
         values = values + outer[rows, cols]
@@ -351,17 +342,27 @@ def _score_chunks(fn: Callable[[dict[str, torch.Tensor | float], bool, smooth.Sc
     """``fn`` on the pairs of rows ``r0:r0 + rows`` for every r0 in ``starts``, into ``out``."""
     work = smooth.ScaleWork()
     for r0 in starts:
-        coef: dict[str, torch.Tensor | float] = {}
-        for var, key in (("co", "co"), ("contra", "ct"), ("abs", "ab")):
-            got = sides.get(var)
-            if got is None:
-                coef[f"c_{key}"] = coef[f"g_{key}"] = 0.0
-                continue
-            c, g = got  # c [..., n or 1, n] (1: a term of old unit j alone), g [..., n]
-            assert isinstance(c, torch.Tensor) and isinstance(g, torch.Tensor)
-            coef[f"c_{key}"] = c[..., r0 : r0 + rows, :] if c.shape[-2] > 1 else c
-            coef[f"g_{key}"] = g.unsqueeze(-2)
+        coef = _coefs(sides, lambda c, r0=r0: c[..., r0 : r0 + rows, :] if c.shape[-2] > 1 else c,
+                      lambda g: g.unsqueeze(-2))
         out[..., r0 : r0 + rows, :] = fn(coef, positive, work)
+
+
+def _coefs(sides: Sides, cross: Callable[[torch.Tensor], torch.Tensor],
+           gram: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor | float]:
+    """The pair value's coefficients (``c_co``, ``g_co``, ``c_ct``, ...) from the sides'
+    summed cross [..., n or 1, n] (1: a term of old unit j alone) and Gram diagonal [..., n],
+    each taken by ``cross``/``gram`` (a chunk of rows, the candidate pairs); 0.0 for a
+    side without terms."""
+    coef: dict[str, torch.Tensor | float] = {}
+    for var, key in (("co", "co"), ("contra", "ct"), ("abs", "ab")):
+        got = sides.get(var)
+        if got is None:
+            coef[f"c_{key}"] = coef[f"g_{key}"] = 0.0
+            continue
+        c, g = got
+        assert isinstance(c, torch.Tensor) and isinstance(g, torch.Tensor)
+        coef[f"c_{key}"], coef[f"g_{key}"] = cross(c), gram(g)
+    return coef
 
 
 def scales_given(perm: torch.Tensor, terms: list[Term], inner: Group, e_diag: Element, ctx: SolveContext) -> Element:

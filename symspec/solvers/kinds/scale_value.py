@@ -114,6 +114,18 @@ def _best_on_sign(w: ScaleWork, lin: Coef, g: torch.Tensor, c_ct: Coef, g_ct: Co
     return bv
 
 
+def _begin(coef: dict[str, torch.Tensor | float], work: ScaleWork | None) -> tuple[ScaleWork, tuple[Coef, ...], torch.Tensor]:
+    """A pair value's start: its temporaries set to the coefficients' broadcast shape and
+    dtype, (c_co, c_ct, g_ct, c_ab), and the co side's Gram g_co + g_ab as a tensor (x / 0
+    is inf, not an error)."""
+    tensors = [v for v in coef.values() if isinstance(v, torch.Tensor)]
+    w = work or ScaleWork()
+    w.start(torch.broadcast_shapes(*(v.shape for v in tensors)), functools.reduce(torch.promote_types, (v.dtype for v in tensors)),
+            tensors[0].device)
+    g = torch.as_tensor(coef["g_co"] + coef["g_ab"], dtype=w.dtype, device=w.device)
+    return w, (coef["c_co"], coef["c_ct"], coef["g_ct"], coef["c_ab"]), g
+
+
 def best_scale_value(coef: dict[str, torch.Tensor | float], positive: bool, work: ScaleWork | None = None) -> torch.Tensor:
     """The value ``max_d 2 c_co d - g_co d^2 + 2 c_ct / d - g_ct / d^2 + 2 c_ab |d| - g_ab d^2``
     of a unit at its own scale (d != 0; d > 0 if ``positive``), elementwise over the
@@ -136,12 +148,7 @@ def best_scale_value(coef: dict[str, torch.Tensor | float], positive: bool, work
     ...                         "c_ab": 0.0, "g_ab": 0.0}, positive=True))
     4.25
     """
-    c_co, g_co, c_ct, g_ct, c_ab, g_ab = (coef[k] for k in ("c_co", "g_co", "c_ct", "g_ct", "c_ab", "g_ab"))
-    tensors = [v for v in coef.values() if isinstance(v, torch.Tensor)]
-    w = work or ScaleWork()
-    w.start(torch.broadcast_shapes(*(v.shape for v in tensors)), functools.reduce(torch.promote_types, (v.dtype for v in tensors)),
-            tensors[0].device)
-    g = torch.as_tensor(g_co + g_ab, dtype=w.dtype, device=w.device)  # a tensor: x / 0 is inf, not an error
+    w, (c_co, c_ct, g_ct, c_ab), g = _begin(coef, work)
     # without abs terms one pass serves both signs: each candidate is valid on its own sign
     signs: tuple[float | None, ...] = (1.0,) if positive else ((None,) if not isinstance(c_ab, torch.Tensor) else (1.0, -1.0))
     best: torch.Tensor | None = None
@@ -171,12 +178,7 @@ def scale_value_bound(coef: dict[str, torch.Tensor | float], positive: bool, wor
     ...                          "c_ab": 0.0, "g_ab": 0.0}, positive=True))
     4.25
     """
-    c_co, g_co, c_ct, g_ct, c_ab, g_ab = (coef[k] for k in ("c_co", "g_co", "c_ct", "g_ct", "c_ab", "g_ab"))
-    tensors = [v for v in coef.values() if isinstance(v, torch.Tensor)]
-    w = work or ScaleWork()
-    w.start(torch.broadcast_shapes(*(v.shape for v in tensors)), functools.reduce(torch.promote_types, (v.dtype for v in tensors)),
-            tensors[0].device)
-    g = torch.as_tensor(g_co + g_ab, dtype=w.dtype, device=w.device)
+    w, (c_co, c_ct, g_ct, c_ab), g = _begin(coef, work)
     # per old unit, so cheap: 1 / g (inf where a unit has no Gram: there the bound is
     # inf, or NaN for no correlation either, which counts as 0)
     holes = bool((g == 0).any()) or (isinstance(g_ct, torch.Tensor) and bool((g_ct == 0).any()))
