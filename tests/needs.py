@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -29,3 +30,8 @@ def shared_data(*names: str) -> Path:
 def optional(module: str, how: str = _HOW_EXTRAS) -> types.ModuleType:
     """``import module``, or skip saying how to install it."""
     return pytest.importorskip(module, reason=f"needs {module}: {how}")
+
+
+def optional_missing(module: str, how: str = _HOW_EXTRAS) -> NoReturn:
+    """Skip: ``module``, an optional package, is not installed."""
+    pytest.skip(f"needs {module}, which is not installed: {how}")

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from bench import bench_gpu, bench_scale
+from tests.needs import shared_data
 
 
 def test_a_quick_run_writes_rows_a_plot_and_a_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("transformers")
+    shared_data("tinyshakespeare.txt")  # the benchmark's text
     out = tmp_path / "scale.json"
     bench_scale.main(["--quick", "--sizes", "gpt2-tiny", "--dtypes", "float32", "--commands", "check",
                       "--cache", str(tmp_path / "cache"), "--out", str(out)])
