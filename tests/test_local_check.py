@@ -252,3 +252,82 @@ def test_steps_write_in_place_only_a_scratch_copy_no_twin_shares() -> None:
     Center.apply(Center(), op, sd)
     assert sd["c"] is y and torch.allclose(y, y0 - y0.mean(1, keepdim=True))  # centred in place
     assert sd["a"] is not x and torch.equal(x, x0) and torch.equal(sd["b"], x0)  # the twin untouched
+
+
+# -- a [vocab, d] table is never held whole: embeddings on their looked-up rows, heads by slices --
+
+@pytest.mark.parametrize("name", ["nanogpt", "gpt2", "qwen2", "llama_tied", "opt", "gpt_neox"])
+def test_embeddings_and_heads_run_on_some_rows_at_a_time_and_agree(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    import symspec.checker.blocks as blocks_mod
+
+    # every Embedding and Linear block counts as big: looked-up rows, and heads 5 rows at a time
+    monkeypatch.setattr(blocks_mod, "ROWS_BYTES", 0)
+    monkeypatch.setattr(blocks_mod, "ROWS_CHUNK", 5 * 8)
+    hits: list[str] = []
+    real = blocks_mod.Streamed._by_rows
+
+    def spy(self: blocks_mod.Streamed, k: int, block: torch.nn.Module, *a: object) -> object:
+        got = real(self, k, block, *a)  # type: ignore[arg-type]
+        if got is not None:
+            hits.append(type(block).__name__)
+        return got
+
+    monkeypatch.setattr(blocks_mod.Streamed, "_by_rows", spy)
+    model, inputs = ZOO[name]()
+    assert _agree(model, symspec.load_spec(name), inputs).passed
+    assert "Embedding" in hits
+
+
+def test_a_wrong_residual_group_is_caught_through_row_sliced_embeddings_and_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    import symspec.checker.blocks as blocks_mod
+
+    monkeypatch.setattr(blocks_mod, "ROWS_BYTES", 0)
+    monkeypatch.setattr(blocks_mod, "ROWS_CHUNK", 3)
+    model, inputs = ZOO["gpt2"]()
+    report = _agree(model, variant("gpt2", ("group: OC(d)", "group: O(d)")), inputs)
+    assert "resid" in {r.space for r in report.failed_rows()}
+    model, inputs = ZOO["qwen2"]()
+    report = _agree(model, variant("qwen2", ("qk=RoPE(dh)", "qk=GL(dh)")), inputs)
+    assert {r.space for r in report.failed_rows()} == {"attn[*]", "all"}
+
+
+@pytest.mark.parametrize("across", [False, True])
+@pytest.mark.parametrize("rows", [slice(3, 9), torch.tensor([7, 0, 7, 12])])
+def test_canonical_and_transformed_rows_are_those_rows_of_the_whole(rows: object, across: bool) -> None:
+    from symspec.checker.local import Weights
+
+    model, _ = ZOO["gpt2"](seed=2)  # the tied head has the final norm folded in, the embedding is centred
+    # across: the embedding centred along its rows (not a symmetry, but the values must still be
+    # those rows of the whole: that step is applied to the whole table)
+    spec = variant("gpt2", ("transformer.wte.weight: 1", "transformer.wte.weight: 0")) if across else symspec.spec.load_spec("gpt2")
+    bound = bind(spec, model)
+    original = dict(model.state_dict(keep_vars=False))
+    names = ["transformer.wte.weight", "lm_head.weight"]
+    weights = Weights(bound, original)
+    whole = weights.canonical(names)
+    part = Weights(bound, original).canonical(names, rows)  # type: ignore[arg-type]
+    from symspec.checker.blocks import take_rows
+    assert all(torch.equal(part[n], take_rows(whole[n], rows)) for n in names)  # type: ignore[arg-type]
+    elements = symspec.sample_elements(bound.problem, seed=1)
+    resid = {"resid": elements["resid"]}
+    assert weights.rows_apart(names, resid)
+    moved = weights.transformed(names, resid)
+    moved_part = Weights(bound, original).transformed(names, resid, rows=rows)  # type: ignore[arg-type]
+    assert all(torch.allclose(moved_part[n], take_rows(moved[n], rows), rtol=0, atol=1e-12) for n in names)  # type: ignore[arg-type]
+
+
+def test_steps_that_mix_rows_are_applied_to_whole_tensors() -> None:
+    from symspec.canonical import CanonOp
+    from symspec.canonical.center import Center
+    from symspec.canonical.fold_norm import FoldNorm
+
+    centre = CanonOp("center", {"writers": [{"param": "e", "axis": 1}, {"param": "b", "axis": 0}]}, None, 0)  # type: ignore[arg-type]
+    assert Center().rows_apart(centre, {"e"}) and not Center().rows_apart(centre, {"b"})
+    fold = CanonOp("fold_norm", {"gain": "g", "bias": "c", "into": [{"weight": "w", "axis": 1, "bias": "wb"}]}, None, 0)  # type: ignore[arg-type]
+    assert FoldNorm().rows_apart(fold, {"w", "wb"})
+    assert not FoldNorm().rows_apart(fold, {"w"})  # the reader's bias takes rows of w's: sliced with it or not at all
+    assert not FoldNorm().rows_apart(fold, {"g"})
+    kept = CanonOp("fold_norm", {"gain": "g", "bias": "c", "fold_bias": False, "into": [{"weight": "w", "axis": 1, "bias": "wb"}]}, None, 0)  # type: ignore[arg-type]
+    assert FoldNorm().rows_apart(kept, {"w"})
+    across = CanonOp("fold_norm", {"gain": "g", "into": [{"weight": "w", "axis": 0}]}, None, 0)  # type: ignore[arg-type]
+    assert not FoldNorm().rows_apart(across, {"w"})

@@ -11,7 +11,7 @@ changes a model's structure, to the module itself.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -154,6 +154,13 @@ class CanonStep(ABC):
         cannot or leaves something as it is. Default: nothing to undo (a step that only
         removes what carries no function, such as centring, stays done)."""
         return None
+
+    def rows_apart(self, op: CanonOp, sliced: Set[str]) -> bool:
+        """Does applying the op to only some rows (axis 0) of the tensors in ``sliced``, every
+        other tensor whole, give exactly those rows of applying it to whole tensors? (The
+        local check runs a [vocab, d] embedding on the rows its inputs look up and a head a
+        slice of rows at a time.) Default: no, and whole tensors are used."""
+        return False
 
     def pieces(self, op: CanonOp) -> list[CanonOp]:
         """The op as smaller ops applied one after the other (itself by default), so that

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set
 from typing import TYPE_CHECKING, ClassVar
 
 import attrs
@@ -40,6 +41,10 @@ class Center(CanonStep):
                 x.sub_(x.mean(dim=w["axis"], keepdim=True))
             else:
                 sd[w["param"]] = x - x.mean(dim=w["axis"], keepdim=True)
+
+    def rows_apart(self, op: CanonOp, sliced: Set[str]) -> bool:
+        """A writer centred along an axis other than its rows: row by row."""
+        return all(w["axis"] != 0 for w in op.args["writers"] if w["param"] in sliced)
 
     def pieces(self, op: CanonOp) -> list[CanonOp]:
         """One writer at a time: only one writer's centred copy (the embedding, for a

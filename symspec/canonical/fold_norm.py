@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -110,6 +110,20 @@ class FoldNorm(CanonStep):
                 what = "its factor (gain_offset + weight)" if offset else "it"
                 raise CanonicalizationError(f"cannot fold {op.args['gain']}: {what} has zero entries and {bias_name} is kept")
             sd[bias_name] = bias / gain.to(bias.dtype)  # type: ignore[index]
+
+    def rows_apart(self, op: CanonOp, sliced: Set[str]) -> bool:
+        """Readers scaled along an axis other than their rows, row by row; a reader's bias
+        that absorbs the norm's bias is sliced with it (its rows are the reader's)."""
+        if op.args["gain"] in sliced or op.args.get("bias") in sliced:
+            return False
+        fold_bias = op.args.get("fold_bias", True) and op.args.get("bias") is not None
+        for r in op.args["into"]:
+            if r["weight"] in sliced:
+                if r["axis"] == 0 or (fold_bias and r.get("bias") and r["bias"] not in sliced):
+                    return False
+            elif fold_bias and r.get("bias") in sliced:
+                return False
+        return True
 
     def undo(self, op: CanonOp, sd: dict[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> str | None:
         """Unfold the norm with the reference's gain ``g`` (and bias ``b``): the norm's

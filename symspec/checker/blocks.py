@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -153,8 +153,34 @@ class Recording:
         return not any(n & inner for n in later)
 
 
-#: the values of one block's (or the glue's) entries for a pass: names -> tensors
-Values = Callable[[Sequence[str]], Mapping[str, torch.Tensor]]
+#: some rows (axis 0) of a tensor: a range, or the indices of a lookup
+Rows = slice | torch.Tensor
+
+
+def take_rows(x: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """``rows`` of ``x`` (axis 0)."""
+    return x[rows] if isinstance(rows, slice) else x.index_select(0, rows.to(x.device))
+
+
+def _rows_key(rows: Rows | None) -> Any:
+    if rows is None:
+        return None
+    return (rows.start, rows.stop) if isinstance(rows, slice) else tuple(rows.tolist())
+
+
+class Values(Protocol):
+    """The values of one block's (or the glue's) entries for a pass: names -> tensors;
+    with ``rows``, only those rows (axis 0) of each."""
+
+    def __call__(self, names: Sequence[str], rows: Rows | None = None) -> Mapping[str, torch.Tensor]: ...
+
+
+#: a leaf ``Embedding`` or ``Linear`` block whose weight takes at least this many bytes in
+#: a pass's dtype runs on the rows it looks up (an embedding) or a slice of output rows at
+#: a time (a head): a [vocab, d] matrix is never held whole in float64
+ROWS_BYTES = 1 << 26
+#: entries of such a head computed at once (4M: 32 MB in float64)
+ROWS_CHUNK = 1 << 22
 
 
 class Streamed:
@@ -237,9 +263,10 @@ class Streamed:
             for m, training in state:
                 m.training = training
 
-    def shared(self, names: Sequence[str], compute: Callable[[], Any]) -> Any:
-        """What every lane's values of ``names`` for the current block call share, computed once."""
-        key = (len(self._tls.lane.calls) - 1, tuple(names))
+    def shared(self, names: Sequence[str], compute: Callable[[], Any], rows: Rows | None = None) -> Any:
+        """What every lane's values of ``names`` (``rows`` of them) for the current block
+        call share, computed once."""
+        key = (len(self._tls.lane.calls) - 1, tuple(names), _rows_key(rows))
         if key not in self._memo:
             self._memo.clear()
             self._memo[key] = compute()
@@ -297,10 +324,14 @@ class Streamed:
         mine = [e for e in self.entries[k] if e.name not in self.glue]
         saved = [e.get() for e in mine]
         try:
-            for e, v in zip(mine, self._values(lane.values, mine, lane.dtype)):
-                e.put(v)
-            own = self._own.get(k)
-            out = own(*args, **kwargs) if own is not None else type(block).forward(block, *args, **kwargs)
+            by_rows = self._by_rows(k, block, mine, lane.dtype)
+            if by_rows is not None:
+                out = by_rows(lane.values, args, kwargs)
+            else:
+                for e, v in zip(mine, self._values(lane.values, mine, lane.dtype)):
+                    e.put(v)
+                own = self._own.get(k)
+                out = own(*args, **kwargs) if own is not None else type(block).forward(block, *args, **kwargs)
         finally:
             for e, p in zip(mine, saved):
                 e.put(p)
@@ -322,17 +353,56 @@ class Streamed:
             e.put(v)
         return call_forward(self.model, cast_inputs(_to(inputs, self.device), dtype), mode)
 
-    def _values(self, values: Values, entries: Sequence[Entry], dtype: torch.dtype) -> list[torch.Tensor]:
+    def _values(self, values: Values, entries: Sequence[Entry], dtype: torch.dtype, rows: Rows | None = None) -> list[torch.Tensor]:
         if not entries:
             return []
-        got = values([e.name for e in entries])
+        got = values([e.name for e in entries], rows) if rows is not None else values([e.name for e in entries])
         out = []
         for e in entries:
             v = got.get(e.name)
             if v is None:  # not bound by the spec and not canonicalised: the model's own value
                 v = self._original[id(e)]
+                v = v if rows is None else take_rows(v, rows)
             out.append(v.detach().to(device=self.device, dtype=dtype))
         return out
+
+    def _by_rows(self, k: int, block: torch.nn.Module, mine: Sequence[Entry], dtype: torch.dtype) -> Callable[..., Any] | None:
+        """How block ``k`` runs on some rows of its weight at a time (:data:`ROWS_BYTES`),
+        or None: a plain ``Embedding`` (no ``max_norm``) or ``Linear`` with no children, no
+        forward of its own and nothing but its weight (and bias) to swap in."""
+        kind = type(block).forward
+        if kind not in (torch.nn.Embedding.forward, torch.nn.Linear.forward) or self._own.get(k) is not None:
+            return None
+        if any(True for _ in block.children()) or getattr(block, "max_norm", None) is not None:
+            return None
+        by_attr = {e.attr: e for e in mine if not e.buffer}
+        weight = by_attr.get("weight")
+        if weight is None or len(by_attr) != len(mine) or set(by_attr) - {"weight", "bias"}:
+            return None
+        w = self._original[id(weight)]
+        if w.ndim != 2 or w.numel() * dtype.itemsize < ROWS_BYTES:
+            return None
+        entries = [weight, *([by_attr["bias"]] if "bias" in by_attr else [])]
+        if kind is torch.nn.Embedding.forward:
+            def embedding(values: Values, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                ids = args[0] if args else kwargs["input"]
+                rows, inverse = torch.unique(ids, return_inverse=True)
+                (table,) = self._values(values, entries, dtype, rows)
+                return torch.nn.functional.embedding(inverse, table)
+            return embedding
+
+        def linear(values: Values, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            x = args[0] if args else kwargs["input"]
+            n, step = w.shape[0], max(1, ROWS_CHUNK // max(1, w.shape[1]))
+            out = None
+            for s in range(0, n, step):
+                part = self._values(values, entries, dtype, slice(s, min(n, s + step)))
+                y = torch.nn.functional.linear(x, *part)
+                if out is None:
+                    out = y.new_empty((*y.shape[:-1], n))
+                out.narrow(-1, s, y.shape[-1]).copy_(y)
+            return out
+        return linear
 
     def _placeholder(self, entry: Entry, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """A tensor of ``like``'s shape and ``dtype`` that takes no memory (every entry reads 0)."""

@@ -26,7 +26,7 @@ from ..groups import Element
 from ..precision import KeepFloat64
 from ..problem import ParamBinding, Problem
 from ..transforms import transform_tensor
-from .blocks import Lane, Recording, Streamed, Values
+from .blocks import Lane, Recording, Rows, Streamed, Values, take_rows
 from .canonical import _value_steps
 from .forward import DTYPES, compare, flatten_outputs
 
@@ -66,16 +66,20 @@ class Weights:
     def group(self, name: str) -> tuple[str, ...]:
         return self.twins.get(name, (name,))
 
-    def canonical(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
-        """float64 canonical values of ``names``: only the steps that reach them, on only
-        the tensors those steps read."""
-        want = [n for n in names if n in self.original and n not in self.cache]
+    def canonical(self, names: Sequence[str], rows: Rows | None = None) -> dict[str, torch.Tensor]:
+        """float64 canonical values of ``names`` (only ``rows`` of each, axis 0, when given):
+        only the steps that reach them, on only the tensors those steps read (only those
+        rows of ``names`` and their tied twins, where every such step works row by row)."""
+        want = [n for n in names if n in self.original and (rows is not None or n not in self.cache)]
         need = {t for n in want for t in self.group(n)}
         chosen = []
         for i in reversed(range(len(self.ops))):
             if self.touch[i] & need:
                 need |= {t for n in self.touch[i] for t in self.group(n)}
                 chosen.append(i)
+        sliced = {t for n in want for t in self.group(n)} if rows is not None else set()
+        if rows is not None and not all(self.ops[i].impl.rows_apart(self.ops[i], sliced) for i in chosen):
+            return {n: take_rows(v, rows) for n, v in self.canonical(names).items()}
         # float64 scratch copies the steps may change in place (OwnedState): a fold into a
         # [vocab, d] head, a centred embedding, an untie of a twin no one reads after it
         # do not hold a second float64 copy of it
@@ -86,7 +90,7 @@ class Weights:
                 sd[n] = sd[first]
             else:
                 x = self.original[n].detach()
-                sd[n] = x.to(torch.float64, copy=True)
+                sd[n] = (take_rows(x, rows) if n in sliced else x).to(torch.float64, copy=True)
                 sd.owned.add(id(sd[n]))
         order = list(reversed(chosen))
         for k, i in enumerate(order):
@@ -100,10 +104,11 @@ class Weights:
                     for t in self.group(n):
                         sd[t] = sd[n]
         out = {n: sd[n] for n in want}
-        for n, v in out.items():
-            if v.numel() <= _CACHE_NUMEL:
-                self.cache[n] = v
-        out.update({n: self.cache[n] for n in names if n in self.cache})
+        if rows is None:
+            for n, v in out.items():
+                if v.numel() <= _CACHE_NUMEL:
+                    self.cache[n] = v
+            out.update({n: self.cache[n] for n in names if n in self.cache})
         return out
 
     def acting(self, name: str, spaces: set[str]) -> str | None:
@@ -114,10 +119,23 @@ class Weights:
     def affected(self, spaces: set[str]) -> list[str]:
         return [n for n in self.original if self.acting(n, spaces) is not None]
 
+    def rows_apart(self, names: Sequence[str], elements: Mapping[str, Element]) -> bool:
+        """Do ``elements`` leave axis 0 of each of ``names`` alone (so that they transform
+        any of its rows on their own)?"""
+        spaces = set(elements)
+        for n in names:
+            rep = self.acting(n, spaces)
+            if rep is not None and (self.problem.params[rep].view is not None or 0 in self._moved(self.problem.params[rep], elements)):
+                return False
+        return True
+
     def transformed(self, names: Sequence[str], elements: Mapping[str, Element],
-                    start: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Canonical values of ``names`` (or ``start``'s) with ``elements`` applied (tied twins once)."""
-        vals = dict(start) if start is not None else self.canonical(names)
+                    start: Mapping[str, torch.Tensor] | None = None, rows: Rows | None = None) -> dict[str, torch.Tensor]:
+        """Canonical values of ``names`` (or ``start``'s) with ``elements`` applied (tied
+        twins once); ``rows`` of each only, where :meth:`rows_apart` (``start``: those rows already)."""
+        if rows is not None and not self.rows_apart(names, elements):
+            raise ValueError("transformed(rows=...): an element moves axis 0 of one of these tensors")
+        vals = dict(start) if start is not None else self.canonical(names, rows)
         spaces = set(elements)
         done: dict[str, torch.Tensor] = {}
         for n in list(vals):
@@ -135,7 +153,7 @@ class Weights:
         """:func:`transform_tensor`, a slice at a time along an axis no element acts on (an
         embedding's rows), into ``x`` itself when ``owned``: a [vocab, d] matrix is not
         held twice in float64."""
-        moved = {ab.axis for ab in binding.axes if any(f.space in elements for sg in ab.segments for f in sg.factors)}
+        moved = self._moved(binding, elements)
         free = [a for a in range(x.ndim) if a not in moved]
         if binding.view is not None or not free or x.numel() <= _CHUNK:
             return transform_tensor(self.problem, binding, x, elements)
@@ -146,6 +164,12 @@ class Weights:
             k = min(step, x.shape[axis] - s)
             out.narrow(axis, s, k).copy_(transform_tensor(self.problem, binding, x.narrow(axis, s, k), elements))
         return out
+
+
+    @staticmethod
+    def _moved(binding: ParamBinding, elements: Mapping[str, Element]) -> set[int]:
+        """The axes of the bound tensor that ``elements`` act on."""
+        return {ab.axis for ab in binding.axes if any(f.space in elements for sg in ab.segments for f in sg.factors)}
 
 
 class LocalModels:
@@ -171,7 +195,7 @@ class LocalModels:
         """The model's own outputs (not canonicalised), streamed; counts float64 casts. The
         first call runs every dtype, in lockstep; an error is raised for its own dtype."""
         if not hasattr(self, "_plain"):
-            lanes = [Lane(DTYPES[d], self._shared(lambda ns: {}), self.keep if d == "float64" else None) for d in self.dtypes]
+            lanes = [Lane(DTYPES[d], self._shared(lambda ns, rows=None: {}), self.keep if d == "float64" else None) for d in self.dtypes]
             self.streamed.run_lanes(self.inputs, lanes, keep_errors=True)
             self._plain = {d: lane for d, lane in zip(self.dtypes, lanes)}
         lane = self._plain.pop(dt)
@@ -188,7 +212,7 @@ class LocalModels:
 
     def _shared(self, values: Values) -> Values:
         """``values``, computed once per block call for all lanes."""
-        return lambda ns: self.streamed.shared(ns, lambda: values(ns))
+        return lambda ns, rows=None: self.streamed.shared(ns, lambda: values(ns, rows), rows)
 
     def span(self, names: Sequence[str], rec: Recording) -> tuple[int, int] | None:
         """The calls from the first to the last that read ``names`` (None: the whole pass)."""
@@ -226,7 +250,9 @@ class LocalModels:
     def _values(self, names: Sequence[str], extra: Mapping[str, Element], common: Mapping[str, Element]) -> Values:
         weights, streamed = self.weights, self.streamed
 
-        def values(ns: Sequence[str]) -> Mapping[str, torch.Tensor]:
-            base = streamed.shared(ns, lambda: weights.transformed(ns, common))
-            return weights.transformed(ns, extra, base) if extra else base
+        def values(ns: Sequence[str], rows: Rows | None = None) -> Mapping[str, torch.Tensor]:
+            if rows is not None and not weights.rows_apart(ns, {**common, **extra}):
+                return {n: take_rows(v, rows) for n, v in values(ns).items()}
+            base = streamed.shared(ns, lambda: weights.transformed(ns, common, rows=rows), rows)
+            return weights.transformed(ns, extra, base, rows) if extra else base
         return values
