@@ -447,6 +447,21 @@ def config_warning(a: Any, b: Any, names: tuple[str, str], mixing: str) -> str |
             f"but not the same function; their {mixing} mixes two models")
 
 
+def auto_options(method: Any, candidates: str | None, budget: float | None) -> Any:
+    """``--candidates`` and ``--budget`` as :class:`~symspec.alignment.AutoOptions` (None
+    when neither is given); refused (one line, exit 2) for a method other than auto."""
+    if candidates is None and budget is None:
+        return None
+    from symspec.alignment import AutoOptions
+    from symspec.errors import SymspecInputError
+
+    if method.name != "auto":
+        names = ", ".join(f for f, v in (("--candidates", candidates), ("--budget", budget)) if v is not None)
+        raise SymspecInputError(f"{names}: for --method auto (the default with --data), not '{method.name}'")
+    names = tuple(n.strip() for n in candidates.split(",") if n.strip()) if candidates is not None else None
+    return AutoOptions(candidates=names, budget=budget)
+
+
 def learned_options(method: Any, flags: dict[str, tuple[str, Any]]) -> Any:
     """The learned-matching flags given (field of
     :class:`~symspec.learned.LearnedOptions` -> (flag, value or None)) as LearnedOptions,

@@ -238,6 +238,10 @@ def _print(report: Any, written: list[str]) -> None:
         table.add_row(method_label(m), str(s.n), f"{s.barrier_mean:.4f}{se}", f"{s.peak_lambda_mean:.2f}",
                       f"{s.loss_a_mean:.4f}", f"{s.loss_b_mean:.4f}", acc, f"{secs:.1f} s")
     console.print(table)
+    for m, rs in report.results.items():  # auto: which candidate each pair was aligned with
+        won = [((r.align_info.get("info") or {}).get("auto") or {}).get("winner") for r in rs]
+        if any(won):
+            console.print(f"{m}: aligned with " + ", ".join(f"{w} (pair {i + 1})" for i, w in enumerate(won) if w))
     curves = Table(title="mean loss along the path", title_justify="left")
     curves.add_column("λ", justify="right")
     for m in sums:

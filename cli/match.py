@@ -120,6 +120,27 @@ class _Progress:
                             completed=event.done, total=event.total)
         elif event.kind == "round":
             self.bar.update(self.task, description=f"round {event.round} done: objective {event.objective:.4g}", completed=event.total)
+        elif event.kind == "auto":
+            self.bar.update(self.task, description=f"auto: candidate {event.round}/{event.rounds}, {event.space}", total=None)
+
+
+def _print_candidates(console: Any, auto: dict[str, Any]) -> None:
+    """``auto``'s candidates: each one's midpoint loss, time and objective, the winner marked."""
+    from rich.table import Table
+
+    console.print(f"auto: the candidates, scored by the loss at the midpoint on {auto['scored_on']} "
+                  f"({auto['batches']} batch(es)); the lowest wins:")
+    t = Table()
+    for col, right in (("method", False), ("midpoint loss", True), ("seconds", True), ("", False)):
+        t.add_column(col, justify="right" if right else "left")
+    for c in auto["candidates"]:
+        if "midpoint_loss" in c:
+            mark = "winner" if c["method"] == auto["winner"] else ""
+            t.add_row(c["method"], f"{c['midpoint_loss']:.6g}", f"{c['seconds']:.2f}", mark)
+        else:
+            t.add_row(c["method"], "", f"{c.get('seconds', 0.0):.2f}", c.get("error") or c.get("skipped", ""))
+    console.print(t)
+    console.print(f"aligned with {auto['winner']}: its objective per round follows")
 
 
 def _quiet_threads() -> None:
@@ -181,8 +202,12 @@ def _align(la: Any, lb: Any, spec: Any, method: str | None, data_arg: str | None
     from symspec.alignment import align, get_method
     from symspec.errors import SymspecInputError
 
+    from ._common import auto_options
+
+    learn = dict(learn or {})
     m = get_method(default_method(method, data_arg))
-    options = learned_options(m.name, learn or {})
+    options = auto_options(m, learn.pop("auto_candidates", None), learn.pop("auto_budget", None))
+    options = learned_options(m.name, learn) or options
     lift_free = kw.get("lift_free") or 0
     if lift_free and data_arg is None:
         raise SymspecInputError("--lift-free trains the lift's free directions on data: pass --data")
@@ -229,6 +254,9 @@ def _print_summary(data: dict[str, Any]) -> None:
         console.print(f"symspec {data['command']}: spec '{data['spec']}', method {data.get('method', 'weight')}, "
                       f"groups {data.get('groups', 'full')}")
         method = data.get("method", "weight")
+        auto = data.get("info", {}).get("auto")
+        if auto:
+            _print_candidates(console, auto)
         if method.startswith("learned"):
             console.print("loss at the midpoint on the validation data, at the start and every "
                           f"{data['info'].get('eval_every', 'N')} steps (best step {data['info'].get('best_step')}):")
@@ -325,10 +353,16 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output folder (written atomically)."),
         click.option("--method", default=None, type=MethodChoice(),
                      help="Alignment method, any registered one (`symspec methods` lists them).  [default: weight; "
-                          "with --data, the best data-driven one measured (symspec.alignment.DATA_DEFAULT)]"),
+                          "with --data, auto: every candidate method run, the one whose midpoint has the lowest "
+                          "validation loss kept]"),
         click.option("--data", "data_arg", metavar="SOURCE",
                      help="For data-driven methods: the examples they align on (the train split of SOURCE; "
                           "same syntax as barrier's --data)."),
+        click.option("--candidates", "auto_candidates", metavar="M1,M2,...",
+                     help="auto: the methods to try.  [default: every candidate: weight, weight-tokens, activation, "
+                          "weight+activation]"),
+        click.option("--budget", "auto_budget", type=FiniteFloat(0), metavar="SECONDS",
+                     help="auto: once this many seconds have gone, skip the candidates not yet run (the first always runs)."),
         click.option("--groups", default=None, help=GROUPS_HELP),
         click.option("--rounds", default=10, show_default=True, type=click.IntRange(0, 10000), help="At most this many rounds of the method's iteration."),
         click.option("--tol", default=1e-6, show_default=True, type=FiniteFloat(0), help="Stop once a round improves the objective by less than this (relative)."),

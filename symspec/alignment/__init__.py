@@ -6,8 +6,8 @@
   :func:`method_names`; plugins through the ``symspec.methods`` entry points, symspec's
   own extensions through ``symspec.extensions``);
 - :mod:`.builtin`: the built-in ones (``none``, ``weight``, ``weight-perm``, the
-  data-driven :mod:`.activation` ones); ``universe`` and ``learned`` are registered by
-  their own packages;
+  data-driven :mod:`.activation` ones, and :mod:`.auto`, which tries the candidates and
+  keeps the best); ``universe`` and ``learned`` are registered by their own packages;
 - :mod:`.api`: :func:`align`, a chain of stages (:mod:`.stages`: bind, check,
   canonicalise, restrict, run the method, embed, transform, record) with the hooks
   extensions add (:mod:`.hooks`: stages before and after, the certifier), and its
@@ -30,5 +30,6 @@ __getattr__, __all__ = lazy_exports(__name__, {
     "align": ".api", "check_same_problem": ".stages",
     "AlignResult": ".result", "canonical_module": ".result", "mode_text": ".result", "weight_distance": ".result",
     "no_certificate": ".result",
-    "DATA_DEFAULT": ".builtin", "ActivationOptions": ".activation",
+    "DATA_DEFAULT": ".builtin", "ActivationOptions": ".activation", "AutoOptions": ".auto",
+    "candidate_names": ".auto",
 })

@@ -40,7 +40,11 @@ class ActivationOptions:
     ``ridge``: in ``activation``, a ridge toward the identity on the per-head maps that
     are not orthogonal, relative to the sites' energy
     (:func:`~symspec.solvers.engine.activation_statistics.head_ridges`; 0: none, which exact
-    recovery of a planted element needs). ``solver``: the descent's knobs (:class:`~symspec.solvers.WeightOptions`)."""
+    recovery of a planted element needs). ``solver``: the descent's knobs (:class:`~symspec.solvers.WeightOptions`).
+    ``moments``: a dict shared by the methods that read the same statistics (``auto``
+    gives one to ``activation`` and ``weight+activation``): the first collects them into
+    it, the next reuses them, and none lets them go while factoring (None: collected and
+    released as factored)."""
 
     batches: int | None = 32
     normalize: str = "correlation"
@@ -48,6 +52,7 @@ class ActivationOptions:
     mix: float = 1.0
     ridge: float = 1e-3
     solver: Any = None
+    moments: dict[str, Any] | None = None
 
 
 def options_of(tuning: Any, **defaults: Any) -> ActivationOptions:
@@ -71,6 +76,8 @@ class ActivationMatching:
     needs_data: bool = True
     needs_module: bool = True
     groups: str | None = None
+    #: ``auto`` tries it
+    candidate: bool = True
 
     def align(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions) -> Alignment:
         # deferred: this module is imported when methods are listed (the CLI's help), without torch
@@ -91,6 +98,8 @@ class TokenWeightedMatching:
     needs_data: bool = True
     needs_module: bool = True
     groups: str | None = None
+    #: ``auto`` tries it
+    candidate: bool = True
 
     def align(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions) -> Alignment:
         # deferred: this module is imported when methods are listed (the CLI's help), without torch

@@ -5,7 +5,9 @@
   spec's full groups (:func:`symspec.solvers.match_weights`);
 - ``weight-perm``: the same restricted to permutations (the paper's ablation);
 - ``activation``, ``weight+activation``, ``weight-tokens``: the data-driven methods
-  (:mod:`.activation`).
+  (:mod:`.activation`);
+- ``auto``: every method that declares itself a ``candidate`` (weight, weight-tokens,
+  activation, weight+activation), the one with the lowest midpoint loss kept (:mod:`.auto`).
 
 :mod:`.registry` registers them first. The extensions register their own methods
 (``universe``: :mod:`symspec.universe.extension`; ``learned``, ``learned-perm``:
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from .activation import ActivationMatching, TokenWeightedMatching
+from .auto import AutoMatching
 from .protocol import Alignment, AlignOptions, Endpoint
 
 if TYPE_CHECKING:
@@ -54,6 +57,8 @@ class WeightMatching:
     groups: str | None = None
     #: its objective before the first round is the squared weight distance of A and B
     objective_is_distance: bool = True
+    #: ``auto`` tries it
+    candidate: bool = True
 
     def align(self, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions) -> Alignment:
         # deferred: methods are listed without torch (CLI help)
@@ -66,16 +71,17 @@ class WeightMatching:
         return Alignment(res.elements, res.history, res.timings, res.converged, res.aligned)
 
 
+AUTO = AutoMatching()
 NONE = NoAlignment()
 WEIGHT = WeightMatching()
-WEIGHT_PERM = WeightMatching(name="weight-perm", label="weight matching, permutations only", groups="perm")
+WEIGHT_PERM = WeightMatching(name="weight-perm", label="weight matching, permutations only", groups="perm", candidate=False)
 ACTIVATION = ActivationMatching()
 WEIGHT_ACTIVATION = ActivationMatching(name="weight+activation", label="weight + activation matching", combine=True)
 WEIGHT_TOKENS = TokenWeightedMatching()
 #: in the order :mod:`.registry` registers them
-BUILTIN = (NONE, WEIGHT, WEIGHT_PERM, ACTIVATION, WEIGHT_ACTIVATION, WEIGHT_TOKENS)
+BUILTIN = (NONE, WEIGHT, WEIGHT_PERM, ACTIVATION, WEIGHT_ACTIVATION, WEIGHT_TOKENS, AUTO)
 
-#: what ``symspec match``/``merge`` align with when given ``--data`` and no ``--method``:
-#: the data-driven method with the lowest loss barrier on the LMC benchmark's trained
-#: pairs (README, ``python -m bench.lmc_table``)
-DATA_DEFAULT = WEIGHT_ACTIVATION.name
+#: what ``symspec match``/``merge``/``barrier``/``universe`` align with when given
+#: ``--data`` and no ``--method``: ``auto``, which runs the candidates and keeps the one
+#: whose midpoint has the lowest validation loss (which method wins depends on the pair)
+DATA_DEFAULT = AUTO.name

@@ -35,18 +35,26 @@ def align_activation(method: ActivationMatching, problem: Problem, a: Endpoint, 
     opts = options_of(options.tuning)
     timer = options.timer or Timer()
     assert a.module is not None
-    with timer("statistics"):
-        moments = collect_moments(a.module, problem, a.state, b.state, options.data, batches=opts.batches,
-                                  device=options.device, sites=opts.sites, progress=options.progress)
+    shared = opts.moments
+    key = (opts.batches, opts.sites)
+    if shared is not None and shared.get("key") == key:
+        moments = shared["moments"]
+    else:
+        with timer("statistics"):
+            moments = collect_moments(a.module, problem, a.state, b.state, options.data, batches=opts.batches,
+                                      device=options.device, sites=opts.sites, progress=options.progress)
+        if shared is not None:
+            shared.update(key=key, moments=moments)
     described = moments.describe()
-    with timer("factor"):  # each site's moments are let go as soon as it is factored
+    release = shared is None  # each site's moments are let go as soon as it is factored, unless shared
+    with timer("factor"):
         if method.combine:
             terms = combined_problem(problem, a.state, b.state, moments, mix=opts.mix, normalize=opts.normalize,
-                                     release=True, progress=options.progress)
+                                     release=release, progress=options.progress)
         else:
             dtype = options.dtype or next((t.dtype for t in a.state.values() if t.is_floating_point()), torch.float32)
             terms = activation_terms(problem, moments, normalize=opts.normalize, dtype=dtype, ridge=opts.ridge,
-                                     release=True, progress=options.progress)
+                                     release=release, progress=options.progress)
     res = match_weights(terms.problem, terms.sd_a, terms.sd_b, rounds=options.rounds, tol=options.tol,
                         device=options.device, dtype=options.dtype, init=options.init, progress=options.progress,
                         timer=timer, options=opts.solver)

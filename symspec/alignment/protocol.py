@@ -100,7 +100,8 @@ class Method(Protocol):
     callers then give it a split other than the one they evaluate on);
     ``objective_is_distance`` (True when ``history[0]`` is the squared weight distance of
     canonical A and B, as for weight matching: :func:`symspec.align` then need not
-    measure it)."""
+    measure it); ``candidate`` (True for a closed-form method that ``auto`` tries, with
+    its default options: :mod:`symspec.alignment.auto`)."""
 
     name: str
     label: str
