@@ -78,6 +78,7 @@ _ORDER = ("weight", "weight-tokens", "activation", "weight+activation")
 def candidate_names(requested: Sequence[str] | None = None) -> list[str]:
     """The candidates ``auto`` runs, in order: ``requested`` (checked, cheapest first), or
     every registered method that declares ``candidate = True``."""
+    # deferred: the registry imports this module (through .builtin)
     from .registry import get_method, method_names
 
     if requested is None:
@@ -95,6 +96,7 @@ def candidate_names(requested: Sequence[str] | None = None) -> list[str]:
 
 
 def _align_auto(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions) -> Alignment:
+    # deferred: methods are listed without torch (the CLI's help); the registry imports this module
     from ..solvers import MatchEvent, Timer
     from .activation import ActivationOptions
     from .mixture import Mixture
