@@ -181,7 +181,8 @@ def default_method(method: str | None, data_arg: str | None) -> str:
 #: learned matching's flags: click's parameter name -> (the flag, the LearnedOptions field)
 LEARN_FLAGS = {"learn_steps": ("--steps", "steps"), "learn_epochs": ("--epochs", "epochs"), "learn_lr": ("--lr", "lr"),
                "learn_batch_size": ("--batch-size", "batch_size"), "learn_lambda": ("--lambda", "lam"),
-               "learn_permutations": ("--permutations", "permutations"), "learn_seed": ("--seed", "seed")}
+               "learn_permutations": ("--permutations", "permutations"), "learn_seed": ("--seed", "seed"),
+               "learn_init": ("--init", "init")}
 
 
 def learned_options(method: str, learn: dict[str, Any]) -> Any:
@@ -380,6 +381,9 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="learned: permutations kept at weight matching's, learned with a straight-through "
                           "estimator, or Sinkhorn soft permutations annealed to hard.  [default: frozen]"),
         click.option("--seed", "learn_seed", type=SEED, help="learned: the seed of batch order and lambdas.  [default: 0]"),
+        click.option("--init", "learn_init", metavar="METHOD",
+                     help="learned: start from this closed-form method's alignment (auto: the candidate with the "
+                          "lowest midpoint loss).  [default: weight]"),
         click.option("--lift-free", "lift_free", type=LIFT_FREE_STEPS, default=0, metavar="N",
                      help="B narrower than A: after aligning, train the lift's free directions (the readers' weights "
                           "off B's residual span, which B never uses) for N steps on the train split of --data, for the "

@@ -275,6 +275,35 @@ def test_cli_match_learned_writes_the_usual_outputs(tmp_path: Path) -> None:
     assert code == 2 and "--lr: for --method learned (or learned-perm)" in err
 
 
+def test_learned_starts_from_the_method_init_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    import symspec.learned.loop as loop
+
+    a, b = _models()
+    started: list[str] = []
+    real = loop.match_weights
+    monkeypatch.setattr(loop, "match_weights", lambda *x, **k: started.append("weight") or real(*x, **k))
+    res = symspec.align(a, b, "nanogpt", method="learned", data=_data("train"), validation=_data("val", 2, 1),
+                        options=LearnedOptions(steps=2, eval_every=1, init="auto"))
+    assert res.info["start_method"] == "auto"
+    assert res.info["start_info"]["auto"]["winner"] in {"weight", "weight-tokens", "activation", "weight+activation"}
+    assert res.info["check"]["passed"] and not started  # auto's own candidates ran, not the default start
+    weight = symspec.align(a, b, "nanogpt", method="learned", data=_data("train"), options=LearnedOptions(steps=2, eval_every=1))
+    assert weight.info["start"] == "weight matching" and started == ["weight"]
+    for bad, message in (("learned", "starts from a closed-form alignment"), ("none", "closed-form"), ("wieght", "unknown alignment method")):
+        with pytest.raises(SymspecInputError, match=message):
+            LearnedOptions(init=bad)
+
+
+def test_cli_learned_init_flag(tmp_path: Path) -> None:
+    _, args = _checkpoints(tmp_path)
+    code, out, err = run("match", *args, "--method", "learned", "--steps", 2, "--init", "weight-tokens",
+                         "--out", tmp_path / "m", "--json")
+    assert code == 0, err
+    assert json.loads(out)["info"]["start_method"] == "weight-tokens"
+    code, _, err = run("match", *args, "--method", "weight", "--init", "auto", "--out", tmp_path / "x")
+    assert code == 2 and "--init: for --method learned" in err
+
+
 # ----------------------------------------------------------------------------- universe refinement
 
 def test_universe_learned_refinement_lowers_the_merged_loss_and_keeps_every_function() -> None:

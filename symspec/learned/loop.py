@@ -19,6 +19,7 @@ import torch
 
 from ..alignment.mixture import Mixture
 from ..alignment.protocol import Alignment, AlignOptions, Endpoint
+from ..alignment.registry import get_method
 from ..checker import DEFAULT_RTOL, compare, flatten_outputs
 from ..data import call_model
 from ..data.base import batch_len, move
@@ -97,13 +98,22 @@ def check_function(run: Mixture, b_state: Mapping[str, torch.Tensor], elements: 
 
 def start_element(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions,
                   opts: LearnedOptions) -> tuple[dict[str, Element], dict[str, Any]]:
-    """The starting element: ``options.init`` where given, else weight matching's."""
+    """The starting element: ``options.init`` where given, else that of the method
+    ``opts.init`` names (weight matching's by default)."""
     if options.init is not None:
         missing = [s for s in problem.spaces if s not in options.init]
         init = dict(options.init)
         for s in missing:
             init[s] = problem.spaces[s].group.identity()
         return init, {"start": "given"}
+    if opts.init != "weight":
+        method = get_method(opts.init)
+        found = method.align(problem, a, b, attrs.evolve(options, tuning=None, consume_b=False))
+        elements = dict(found.elements)
+        for s in problem.spaces:
+            elements.setdefault(s, problem.spaces[s].group.identity())
+        return elements, {"start": method.label, "start_method": method.name, "start_info": found.info,
+                          "start_objective": found.history}
     res = match_weights(problem, a.state, b.state, rounds=options.rounds, tol=options.tol, device=options.device,
                         dtype=options.dtype, progress=options.progress, timer=options.timer, options=opts.solver)
     elements = dict(res.elements)

@@ -83,7 +83,9 @@ class LearnedOptions:
     ``check_examples``: examples of the final function check. ``dirichlet``: the
     concentration alpha of the merging weights in universe refinement (Dirichlet(alpha 1),
     the paper's 0.1). ``solver``: weight matching's knobs for the start
-    (:class:`~symspec.solvers.WeightOptions`)."""
+    (:class:`~symspec.solvers.WeightOptions`). ``init``: the registered method whose
+    element the run starts from (``weight``, the default; ``auto``: the candidate with
+    the lowest midpoint loss; any closed-form method), unless the caller gives a start."""
 
     steps: int | None = None
     epochs: float | None = None
@@ -100,6 +102,7 @@ class LearnedOptions:
     check_examples: int = 8
     dirichlet: float = 0.1
     solver: Any = None
+    init: str = "weight"
 
     def __attrs_post_init__(self) -> None:
         from .parametrize import ORTHOGONAL, PERMUTATIONS  # optional: torch (CLI help stays light)
@@ -123,6 +126,13 @@ class LearnedOptions:
             raise SymspecInputError(f"permutations: use {', '.join(PERMUTATIONS)}, got {self.permutations!r}")
         if self.orthogonal not in ORTHOGONAL:
             raise SymspecInputError(f"orthogonal: use {', '.join(ORTHOGONAL)}, got {self.orthogonal!r}")
+        if self.init != "weight":
+            from ..alignment import get_method  # deferred: the registry loads this extension
+
+            start = get_method(self.init)  # an unknown name: the registry's one-line error
+            if isinstance(start, LearnedMatching) or not start.canonical:
+                raise SymspecInputError(f"--init {self.init}: learned matching starts from a closed-form alignment "
+                                        "(weight, auto, weight-tokens, activation, weight+activation, ...)")
 
 
 def as_options(tuning: Any, permutations: str) -> LearnedOptions:
