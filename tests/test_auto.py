@@ -168,6 +168,22 @@ def test_bad_auto_options_are_one_line_errors(pair: dict[str, Any], kw: dict[str
         _auto(pair, **kw)
 
 
+def test_auto_takes_its_own_options_or_the_solvers_knobs_only(pair: dict[str, Any]) -> None:
+    from symspec.alignment import ActivationOptions
+    from symspec.solvers import WeightOptions
+
+    run = dict(data=pair["train"], validation=pair["val"], rounds=2)
+    res = symspec.align(pair["a"], pair["b"], "nanogpt", method="auto", options=WeightOptions(), **run)
+    assert len(_scores(res)) == 4
+    with pytest.raises(SymspecInputError, match="AutoOptions .or WeightOptions., not a ActivationOptions"):
+        symspec.align(pair["a"], pair["b"], "nanogpt", method="auto", options=ActivationOptions(), **run)
+    from types import SimpleNamespace
+
+    no_loss = SimpleNamespace(batches=pair["train"].batches)
+    with pytest.raises(SymspecInputError, match="the data has no loss"):
+        symspec.align(pair["a"], pair["b"], "nanogpt", method="auto", data=no_loss, rounds=1)
+
+
 def test_without_validation_data_auto_scores_on_train_and_says_so(pair: dict[str, Any]) -> None:
     res = symspec.align(pair["a"], pair["b"], "nanogpt", method="auto", data=pair["train"], rounds=2,
                         options=AutoOptions(candidates=("weight",)))
@@ -225,3 +241,20 @@ def test_cli_barrier_align_auto_says_which_method_won(cli_pair: dict[str, Any], 
     winner = json.loads((tmp_path / "r.json").read_text())
     assert "auto: aligned with " in out and "weight: aligned with" not in out
     assert "auto" in json.dumps(winner)
+
+
+def test_universe_matching_rounds_can_align_with_auto(cli_pair: dict[str, Any]) -> None:
+    from symspec.data import load_data
+    from symspec.loading import load_model
+    from symspec.universe import universe_match
+
+    paths = [cli_pair["m0"], cli_pair["m1"]]
+    model = load_model(cli_pair["m0"], factory=cli_pair["model"]).model
+    data = load_data(f"text:{cli_pair['text']}", model=model, split="train")
+    res = universe_match(paths, "nanogpt", factory=cli_pair["model"], method="auto", rounds=2, jobs=1, data=data)
+    assert res.method == "auto" and len(res.history) >= 2
+    x = torch.randint(0, 10, (2, 8))
+    for path, aligned in zip(paths, res.aligned):  # every model in the universe still computes its own function
+        own = load_model(path, factory=cli_pair["model"]).model
+        res.canonical_model.load_state_dict(aligned)
+        torch.testing.assert_close(res.canonical_model(x), own(x), rtol=1e-4, atol=1e-4)

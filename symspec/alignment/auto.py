@@ -38,11 +38,14 @@ class AutoOptions:
     """Knobs of ``auto``. ``candidates``: the methods to try, by name (None: every
     registered method with ``candidate = True``). ``budget``: seconds after which the
     candidates not yet run are skipped (None: no limit; the first candidate always runs).
-    ``val_batches``: at most this many validation batches score each candidate."""
+    ``val_batches``: at most this many validation batches score each candidate.
+    ``solver``: the descent's knobs (:class:`~symspec.solvers.WeightOptions`) every
+    candidate gets (what universe matching passes every method)."""
 
     candidates: tuple[str, ...] | None = None
     budget: float | None = None
     val_batches: int | None = 8
+    solver: Any = None
 
     def __attrs_post_init__(self) -> None:
         if self.budget is not None and not self.budget >= 0:
@@ -102,13 +105,15 @@ def _align_auto(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOption
     from .mixture import Mixture
     from .registry import get_method
 
-    opts = options.tuning if isinstance(options.tuning, AutoOptions) else AutoOptions()
-    if options.tuning is not None and not isinstance(options.tuning, AutoOptions):
-        raise SymspecInputError(f"auto's options are an AutoOptions, not a {type(options.tuning).__name__}")
+    opts = _options(options.tuning)
     if a.module is None:
         raise SymspecInputError("auto scores each candidate by running the model: it needs modules, not state dicts")
     names = candidate_names(opts.candidates)
     val, scored_on = _scoring_batches(options, opts.val_batches)
+    scorer = options.validation if getattr(options.validation, "loss", None) is not None else options.data
+    if getattr(scorer, "loss", None) is None:
+        raise SymspecInputError("auto scores each candidate by the loss of its midpoint: the data has no loss "
+                                "(symspec.data.load_data gives one; so does an EvalData)")
     mixture = Mixture(problem, a.module, [a.state, b.state], options.device)
     timer = options.timer or Timer()
     # the two activation methods read the same statistics: one pass, kept for the second
@@ -123,9 +128,12 @@ def _align_auto(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOption
             continue
         if options.progress is not None:
             options.progress(MatchEvent("auto", k + 1, len(names), space=name))
-        reads = shared is not None and name in ("activation", "weight+activation")
-        sub = attrs.evolve(options, consume_b=False, tuning=ActivationOptions(moments=shared) if reads else None,
-                           timer=Timer())
+        if name in ("activation", "weight+activation", "weight-tokens"):
+            tuning: Any = ActivationOptions(moments=shared if name != "weight-tokens" else None, solver=opts.solver,
+                                            **({"batches": None} if name == "weight-tokens" else {}))
+        else:
+            tuning = opts.solver
+        sub = attrs.evolve(options, consume_b=False, tuning=tuning, timer=Timer())
         t0 = time.perf_counter()
         try:
             res = m.align(problem, a, b, sub)
@@ -135,7 +143,7 @@ def _align_auto(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOption
         seconds = time.perf_counter() - t0
         timer.seconds[f"auto: {name}"] += seconds
         with timer("auto: scoring"):
-            score = _midpoint_loss(mixture, problem, res.elements, val, options.validation or options.data)
+            score = _midpoint_loss(mixture, problem, res.elements, val, scorer)
         tried.append({"method": name, "label": m.label, "midpoint_loss": score, "seconds": seconds,
                       "objective": res.history[-1] if res.history else None})
         found[name] = res
@@ -148,6 +156,18 @@ def _align_auto(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOption
     info = {**winner.info, "auto": {"winner": best["method"], "scored_on": scored_on, "batches": len(val),
                                     "candidates": tried}}
     return Alignment(winner.elements, winner.history, timer.as_dict(), winner.converged, None, info)
+
+
+def _options(tuning: Any) -> AutoOptions:
+    """``tuning`` as :class:`AutoOptions`: itself, or the solver's knobs alone."""
+    # deferred: methods are listed without torch (the CLI's help)
+    from ..solvers import WeightOptions
+
+    if tuning is None or isinstance(tuning, AutoOptions):
+        return tuning or AutoOptions()
+    if isinstance(tuning, WeightOptions):
+        return AutoOptions(solver=tuning)
+    raise SymspecInputError(f"auto's options are an AutoOptions (or WeightOptions), not a {type(tuning).__name__}")
 
 
 def _scoring_batches(options: AlignOptions, limit: int | None) -> tuple[list[Any], str]:

@@ -116,7 +116,9 @@ def _align_inputs(m: Any, ref: Reference, source: Source, data: Any) -> dict[str
     batches = list(getattr(data, "batches", None) or [])[:ALIGN_BATCHES]
     if not batches:
         raise UniverseError("the data has no batches to align on")
-    return out | {"data": types.SimpleNamespace(batches=batches)}
+    # a method that scores its result (auto) needs the loss too; the others only the batches
+    scored = {"loss": data.loss} if getattr(m, "validates", False) and getattr(data, "loss", None) is not None else {}
+    return out | {"data": types.SimpleNamespace(batches=batches, **scored)}
 
 
 def _data_digest(data: Any) -> str | None:
