@@ -175,7 +175,7 @@ def test_auto_takes_its_own_options_or_the_solvers_knobs_only(pair: dict[str, An
     run = dict(data=pair["train"], validation=pair["val"], rounds=2)
     res = symspec.align(pair["a"], pair["b"], "nanogpt", method="auto", options=WeightOptions(), **run)
     assert len(_scores(res)) == 4
-    with pytest.raises(SymspecInputError, match="AutoOptions .or WeightOptions., not a ActivationOptions"):
+    with pytest.raises(SymspecInputError, match=r"AutoOptions \(or WeightOptions\), not a ActivationOptions"):
         symspec.align(pair["a"], pair["b"], "nanogpt", method="auto", options=ActivationOptions(), **run)
     from types import SimpleNamespace
 
