@@ -147,6 +147,8 @@ def _align_auto(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOption
         tried.append({"method": name, "label": m.label, "midpoint_loss": score, "seconds": seconds,
                       "objective": res.history[-1] if res.history else None})
         found[name] = res
+        if shared and name == "weight+activation":  # the last to read the statistics: let them go
+            shared.clear()
     scored = [t for t in tried if "midpoint_loss" in t and math.isfinite(t["midpoint_loss"])]
     if not scored:
         why = "; ".join(f"{t['method']}: {t.get('error') or t.get('skipped') or 'a non-finite midpoint loss'}" for t in tried)
