@@ -182,7 +182,19 @@ def _pair(r: PairResult) -> dict[str, Any]:
     return {"a": r.a, "b": r.b, "barrier": r.barrier.value, "peak_lambda": r.barrier.peak_lambda,
             "loss_a": r.curve.loss_a, "loss_b": r.curve.loss_b, "losses": list(r.curve.losses),
             "accuracies": list(r.curve.accuracies) if r.curve.accuracies is not None else None,
-            "align_seconds": r.align_seconds, "objective": r.align_info.get("objective") if r.align_info else None}
+            "align_seconds": r.align_seconds, "objective": r.align_info.get("objective") if r.align_info else None,
+            **({"auto": auto} if (auto := ((r.align_info or {}).get("info") or {}).get("auto")) else {})}
+
+
+def auto_choices(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per task where ``auto`` ran: the method it chose for each pair."""
+    lines = []
+    for run in runs:
+        row = next((r for r in run["rows"] if r["method"] == "auto"), None)
+        if row is not None:
+            won = [p["auto"]["winner"] for p in row["pairs_detail"] if "auto" in p]
+            lines.append(f"- {run['label']}: auto chose " + ", ".join(f"{w} (pair {i + 1})" for i, w in enumerate(won)))
+    return lines
 
 
 def markdown(runs: list[dict[str, Any]], command: str) -> str:
@@ -202,6 +214,9 @@ def markdown(runs: list[dict[str, Any]], command: str) -> str:
             cells.append(_pm(acc, r.get("accuracy_barrier_stderr"), 3) if r and acc is not None else "n/a")
             times.append(f"{r['align_seconds_mean']:.2f} s" if r and m != "none" else "–")
         lines.append(f"| {method_label(m)} | " + " | ".join(cells) + " | " + " | ".join(times) + " |")
+    choices = auto_choices(runs)
+    if choices:
+        lines += ["", *choices]
     lines.append("")
     lines.append("| task | models | test loss (mean ± se) | test accuracy (mean ± se) |")
     lines.append("|---|---:|---:|---:|")
