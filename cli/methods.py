@@ -19,13 +19,14 @@ def methods_cmd(as_json: bool) -> None:
     rows = [get_method(n) for n in method_names()]
     if as_json:
         echo_json([{"name": m.name, "label": m.label, "canonical": m.canonical, "needs_data": m.needs_data,
-                    "groups": m.groups or "full"} for m in rows])
+                    "groups": m.groups or "full", "candidate": bool(getattr(m, "candidate", False))} for m in rows])
         return
     from rich.table import Table
 
     table = Table()
-    for col in ("method", "what it does", "needs --data", "groups searched"):
+    for col in ("method", "what it does", "needs --data", "groups searched", "auto tries it"):
         table.add_column(col)
     for m in rows:
-        table.add_row(m.name, m.label, "yes" if m.needs_data else "no", m.groups or ("full" if m.canonical else "-"))
+        table.add_row(m.name, m.label, "yes" if m.needs_data else "no", m.groups or ("full" if m.canonical else "-"),
+                      "yes" if getattr(m, "candidate", False) else "no")
     stdout_console().print(table)
