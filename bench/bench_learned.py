@@ -1,9 +1,10 @@
 """Learned matching's variants, measured on the LMC benchmark's first pair of each task.
 
 Which parametrisation of the orthogonal residual trains better (``exp``: g0 exp(X - X^T),
-or ``polar``: the polar factor of a free latent), and whether learning the permutations
+or ``polar``: the polar factor of a free latent), whether learning the permutations
 (straight-through estimator, Sinkhorn) changes them or the barrier (the paper finds it
-barely does). For each variant: the loss barrier on the test split (11 points), the best
+barely does), and what the schedule, the lambdas and the start change (``lr=...``,
+``steps*4``, ``warmup=0.2``, ``lambda=uniform``, ``init=auto``: :data:`VARIANTS`). For each variant: the loss barrier on the test split (11 points), the best
 midpoint loss on the val split, the wall time, how far the residual map moved from weight
 matching's (largest eigen-angle of O_learned O_wm^T), the fraction of FF units whose
 permutation changed, the worst condition number of the per-head GL maps. Weight
@@ -32,8 +33,15 @@ from symspec.analyzers.barrier import Measurer
 from symspec.learned import LearnedOptions
 
 TASKS = {"gpt": ("nanogpt", f"text:{trained.DEFAULT_TEXT}"), "vit": ("vit", f"mnist:{trained.DEFAULT_MNIST}")}
-VARIANTS = {"exp": ("exp", "frozen"), "polar": ("polar", "frozen"), "exp+ste": ("exp", "ste"),
-            "exp+sinkhorn": ("exp", "sinkhorn")}
+#: each variant's LearnedOptions beside the defaults (``steps_x``: that many times --steps)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "exp": {}, "polar": {"orthogonal": "polar"}, "exp+ste": {"permutations": "ste"},
+    "exp+sinkhorn": {"permutations": "sinkhorn"},
+    # the schedule, the lambdas, the start
+    "lr=3e-3": {"lr": 3e-3}, "lr=3e-2": {"lr": 3e-2}, "steps*4": {"steps_x": 4}, "warmup=0.2": {"warmup": 0.2},
+    "lambda=uniform": {"lam": "uniform"}, "init=auto": {"init": "auto"},
+    "init=auto,steps*4": {"init": "auto", "steps_x": 4},
+}
 
 
 def summarize(info: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +58,7 @@ def summarize(info: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default="gpt,vit")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default="exp,polar,exp+ste,exp+sinkhorn", help=f"known: {', '.join(VARIANTS)}")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-2)
@@ -58,8 +66,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", type=Path, default=RESULTS / "learned_variants.json")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    unknown = [v.strip() for v in args.variants.split(",") if v.strip() and v.strip() not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant {unknown[0]}; known: {', '.join(VARIANTS)}")
     rows = []
-    print(f"{'task':<5} {'variant':<13} {'barrier':>8} {'val mid':>8} {'start':>8} {'seconds':>8} {'angle':>6} "
+    print(f"{'task':<5} {'variant':<18} {'barrier':>8} {'val mid':>8} {'start':>8} {'seconds':>8} {'angle':>6} "
           f"{'ff moved':>8} {'max cond':>9}")
     for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
         spec, data = TASKS[task]
@@ -72,18 +83,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ref = m.pair(a, b, method="weight", spec=spec)
         rows.append({"task": task, "variant": "weight matching", "barrier": ref.barrier.value,
                      "seconds": time.perf_counter() - t0})
-        print(f"{task:<5} {'weight':<13} {ref.barrier.value:>8.3f}", flush=True)
+        print(f"{task:<5} {'weight':<18} {ref.barrier.value:>8.3f}", flush=True)
         for name in [v.strip() for v in args.variants.split(",") if v.strip()]:
-            orth, perms = VARIANTS[name]
-            opts = LearnedOptions(steps=args.steps, batch_size=args.batch_size, lr=args.lr, orthogonal=orth,
-                                  permutations=perms)
+            over = dict(VARIANTS[name])
+            steps = args.steps * over.pop("steps_x", 1)
+            opts = LearnedOptions(**{"steps": steps, "batch_size": args.batch_size, "lr": args.lr, **over})
             t0 = time.perf_counter()
             r = m.pair(a, b, method="learned", spec=spec, align_kw={"options": opts})
             seconds = time.perf_counter() - t0
             facts = summarize(dict(r.align_info["info"]))
-            rows.append({"task": task, "variant": name, "barrier": r.barrier.value, "seconds": seconds, **facts})
+            rows.append({"task": task, "variant": name, "steps": steps, "barrier": r.barrier.value, "seconds": seconds, **facts})
             angle = facts["resid_max_angle"]
-            print(f"{task:<5} {name:<13} {r.barrier.value:>8.3f} {facts['best_val_midpoint']:>8.3f} "
+            print(f"{task:<5} {name:<18} {r.barrier.value:>8.3f} {facts['best_val_midpoint']:>8.3f} "
                   f"{facts['start_val_midpoint']:>8.3f} {seconds:>8.1f} {angle if angle is not None else float('nan'):>6.3f} "
                   f"{facts['ff_moved']:>8.3f} {facts['max_condition'] or float('nan'):>9.1f}", flush=True)
     doc = {"schema": "symspec.bench_learned/1", "command": command_line(__file__, argv),
