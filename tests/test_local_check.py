@@ -262,6 +262,7 @@ def test_embeddings_and_heads_run_on_some_rows_at_a_time_and_agree(monkeypatch: 
 
     # every Embedding and Linear block counts as big: looked-up rows, and heads 5 rows at a time
     monkeypatch.setattr(blocks_mod, "ROWS_BYTES", 0)
+    monkeypatch.setattr(blocks_mod, "SLICES_BYTES", 0)
     monkeypatch.setattr(blocks_mod, "ROWS_CHUNK", 5 * 8)
     hits: list[str] = []
     real = blocks_mod.Streamed._by_rows
@@ -275,13 +276,14 @@ def test_embeddings_and_heads_run_on_some_rows_at_a_time_and_agree(monkeypatch: 
     monkeypatch.setattr(blocks_mod.Streamed, "_by_rows", spy)
     model, inputs = ZOO[name]()
     assert _agree(model, symspec.load_spec(name), inputs).passed
-    assert "Embedding" in hits
+    assert "Embedding" in hits and "Linear" in hits
 
 
 def test_a_wrong_residual_group_is_caught_through_row_sliced_embeddings_and_heads(monkeypatch: pytest.MonkeyPatch) -> None:
     import symspec.checker.blocks as blocks_mod
 
     monkeypatch.setattr(blocks_mod, "ROWS_BYTES", 0)
+    monkeypatch.setattr(blocks_mod, "SLICES_BYTES", 0)
     monkeypatch.setattr(blocks_mod, "ROWS_CHUNK", 3)
     model, inputs = ZOO["gpt2"]()
     report = _agree(model, variant("gpt2", ("group: OC(d)", "group: O(d)")), inputs)

@@ -175,10 +175,14 @@ class Values(Protocol):
     def __call__(self, names: Sequence[str], rows: Rows | None = None) -> Mapping[str, torch.Tensor]: ...
 
 
-#: a leaf ``Embedding`` or ``Linear`` block whose weight takes at least this many bytes in
-#: a pass's dtype runs on the rows it looks up (an embedding) or a slice of output rows at
-#: a time (a head): a [vocab, d] matrix is never held whole in float64
+#: a leaf ``Embedding`` block whose weight takes at least this many bytes in a pass's
+#: dtype runs on the rows its inputs look up (less work and memory than the whole table)
 ROWS_BYTES = 1 << 26
+#: a leaf ``Linear`` block (a head) whose weight takes at least this many bytes in a pass's
+#: dtype runs a slice of output rows at a time: a [vocab, d] head is never held whole in
+#: float64. Below it the whole weight is computed once for every pass in lockstep, which
+#: is faster (slices are computed per pass)
+SLICES_BYTES = 1 << 29
 #: entries of such a head computed at once (4M: 32 MB in float64)
 ROWS_CHUNK = 1 << 22
 
@@ -367,8 +371,8 @@ class Streamed:
         return out
 
     def _by_rows(self, k: int, block: torch.nn.Module, mine: Sequence[Entry], dtype: torch.dtype) -> Callable[..., Any] | None:
-        """How block ``k`` runs on some rows of its weight at a time (:data:`ROWS_BYTES`),
-        or None: a plain ``Embedding`` (no ``max_norm``) or ``Linear`` with no children, no
+        """How block ``k`` runs on some rows of its weight at a time (:data:`ROWS_BYTES`,
+        :data:`SLICES_BYTES`), or None: a plain ``Embedding`` (no ``max_norm``) or ``Linear`` with no children, no
         forward of its own and nothing but its weight (and bias) to swap in."""
         kind = type(block).forward
         if kind not in (torch.nn.Embedding.forward, torch.nn.Linear.forward) or self._own.get(k) is not None:
@@ -380,7 +384,8 @@ class Streamed:
         if weight is None or len(by_attr) != len(mine) or set(by_attr) - {"weight", "bias"}:
             return None
         w = self._original[id(weight)]
-        if w.ndim != 2 or w.numel() * dtype.itemsize < ROWS_BYTES:
+        least = ROWS_BYTES if kind is torch.nn.Embedding.forward else SLICES_BYTES
+        if w.ndim != 2 or w.numel() * dtype.itemsize < least:
             return None
         entries = [weight, *([by_attr["bias"]] if "bias" in by_attr else [])]
         if kind is torch.nn.Embedding.forward:
