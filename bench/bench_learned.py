@@ -40,7 +40,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the schedule, the lambdas, the start
     "lr=3e-3": {"lr": 3e-3}, "lr=3e-2": {"lr": 3e-2}, "steps*4": {"steps_x": 4}, "warmup=0.2": {"warmup": 0.2},
     "lambda=uniform": {"lam": "uniform"}, "init=auto": {"init": "auto"},
-    "init=auto,steps*4": {"init": "auto", "steps_x": 4},
+    "init=auto+steps*4": {"init": "auto", "steps_x": 4},
+    "init=auto+lr=3e-2+steps*4": {"init": "auto", "lr": 3e-2, "steps_x": 4},
 }
 
 
