@@ -60,7 +60,7 @@ from symspec.universe import universe_match
 # An ablation (both task specs name their residual stream ``resid``): permutations of
 # heads and units only, the residual stream left as it is.
 register_method(WeightMatching(name="weight-perm-resid-fixed", label="permutations only, residual fixed",
-                               groups="perm,resid=fixed"), replace=True)
+                               groups="perm,resid=fixed", candidate=False), replace=True)
 #: methods run only when asked for with --methods
 ABLATIONS = ("weight-perm-resid-fixed",)
 

@@ -94,7 +94,9 @@ def test_the_cli_offers_a_registered_method_and_refuses_it_once_withdrawn(files:
         code, out, err = run("methods", "--json")
         assert code == 0 and "identity" in [m["name"] for m in json.loads(out)]
         tried = {m["name"] for m in json.loads(out) if m["candidate"]}
-        assert tried == {"weight", "weight-tokens", "activation", "weight+activation"}  # auto's candidates, not identity
+        # auto's candidates (and any a benchmark module imported here registered), not identity
+        assert {"weight", "weight-tokens", "activation", "weight+activation"} <= tried and "identity" not in tried
+        assert not tried & {"none", "weight-perm", "learned", "universe", "auto"}
         code, out, err = run("match", *args, "--method", "identity", "--out", tmp_path / "m", "--json")
         assert code == 0, err
         summary = json.loads(out)
