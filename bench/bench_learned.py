@@ -42,6 +42,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lambda=uniform": {"lam": "uniform"}, "init=auto": {"init": "auto"},
     "init=auto+steps*4": {"init": "auto", "steps_x": 4},
     "init=auto+lr=3e-2+steps*4": {"init": "auto", "lr": 3e-2, "steps_x": 4},
+    # per-kind learning rates: the residual's rotation and the heads' GL maps move at different scales
+    "linear*0.3": {"lr_scale": (("linear", 0.3),)}, "orthogonal*3": {"lr_scale": (("orthogonal", 3.0),)},
 }
 
 

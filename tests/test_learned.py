@@ -294,6 +294,33 @@ def test_learned_starts_from_the_method_init_names(monkeypatch: pytest.MonkeyPat
             LearnedOptions(init=bad)
 
 
+def test_per_kind_learning_rates_scale_each_kind_of_latent() -> None:
+    from symspec.learned.loop import _optimizer, latent_kinds
+    from symspec.learned.parametrize import ParamSettings, parametrize
+
+    a, b = _models()
+    bound = symspec.binding.bind(symspec.load_spec("nanogpt"), a)
+    problem = bound.problem
+    start = {s: problem.spaces[s].group.identity() for s in problem.spaces}
+    params = {1: {s: parametrize(problem.spaces[s].group, start[s], ParamSettings()) for s in problem.spaces}}
+    kinds = {k for p in params[1].values() for k, _ in latent_kinds(p)}
+    assert kinds == {"orthogonal", "linear"}  # the residual's rotation, the heads' GL maps (permutations frozen)
+    opt = _optimizer(params, LearnedOptions(lr_scale=(("linear", 0.25),)))
+    assert sorted(g["lr_factor"] for g in opt.param_groups) == [0.25, 1.0]
+    # a tiny rate for the GL maps keeps them at the start; the default moves them (the negative)
+    moved = {}
+    for scale in ((), (("linear", 1e-9),)):
+        res = symspec.align(a, b, "nanogpt", method="learned", data=_data("train"),
+                            options=LearnedOptions(steps=4, eval_every=4, lr=5e-2, lr_scale=scale))
+        start_res = symspec.align(a, b, "nanogpt", method="weight")
+        moved[scale] = max(float((res.elements[s]["qk.matrix"] - start_res.elements[s]["qk.matrix"]).abs().max())
+                           for s in res.elements if s.startswith("attn"))
+    assert moved[()] > 1e-3 and moved[(("linear", 1e-9),)] < 1e-6
+    for bad, message in ((("gl", 1.0),), "unknown kind"), ((("linear", 0.0),), "positive number"):
+        with pytest.raises(SymspecInputError, match=message):
+            LearnedOptions(lr_scale=bad)
+
+
 def test_cli_learned_init_flag(tmp_path: Path) -> None:
     _, args = _checkpoints(tmp_path)
     code, out, err = run("match", *args, "--method", "learned", "--steps", 2, "--init", "weight-tokens",

@@ -30,7 +30,15 @@ from ..problem import Problem
 from ..solvers import MatchEvent, SolverError, Timer, match_weights
 from ..transforms import apply_elements
 from .method import LearnedOptions, lambda_sampler
-from .parametrize import LinearParam, ParamSettings, parametrize
+from .parametrize import (
+    DiagonalParam,
+    HeadsParam,
+    LinearParam,
+    OrthogonalParam,
+    ParamSettings,
+    RotaryParam,
+    parametrize,
+)
 
 
 def _rows(x: Any, i: int, j: int) -> Any:
@@ -191,7 +199,7 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
     if not latents:  # every space frozen (a permutation-only problem with frozen permutations)
         info["note"] = "nothing to learn: every searched group is frozen (try --permutations ste)"
         steps = 0
-    opt = torch.optim.AdamW(latents, lr=opts.lr, weight_decay=opts.weight_decay) if latents else None
+    opt = _optimizer(params, opts) if latents else None
     warmup = int(opts.warmup * steps)
     order = shuffled_order(len(train), gen)
     window: list[float] = []
@@ -244,10 +252,38 @@ def _settings_info(opts: LearnedOptions, steps: int, train: list[Any], val: list
     """The run's settings, as :func:`learn`'s ``info`` starts."""
     return {
         "steps": steps, "eval_every": opts.eval_every, "permutations": opts.permutations, "orthogonal": opts.orthogonal, "lr": opts.lr,
+        **({"lr_scale": dict(opts.lr_scale)} if opts.lr_scale else {}),
         "batch_size": opts.batch_size, "train_batches": len(train),
         "validation": ("val split" if not held_out
                        else f"the last {sum(batch_len(t) for _, t in val)} train examples, held out"),
         "latents": int(sum(t.numel() for t in latents))}
+
+
+def latent_kinds(p: Any) -> list[tuple[str, torch.Tensor]]:
+    """Each trainable tensor of a space's parametrisation with its kind (``orthogonal``,
+    ``linear``, ``diagonal``, ``rotary``, ``permutation``): what
+    :attr:`LearnedOptions.lr_scale` scales."""
+    if isinstance(p, HeadsParam):
+        inner = [kt for part in p.parts.values() for kt in latent_kinds(part)]
+        mine = [t for t in p.latents() if not any(t is u for _, u in inner)]
+        return inner + [("permutation", t) for t in mine]
+    kind = next((k for cls, k in _KINDS if isinstance(p, cls)), "permutation")
+    return [(kind, t) for t in p.latents()]
+
+
+_KINDS = ((OrthogonalParam, "orthogonal"), (LinearParam, "linear"), (DiagonalParam, "diagonal"), (RotaryParam, "rotary"))
+
+
+def _optimizer(params: Mapping[int, Mapping[str, Any]], opts: LearnedOptions) -> torch.optim.Optimizer:
+    """AdamW over every latent, one parameter group per learning-rate factor of its kind."""
+    scale = dict(opts.lr_scale)
+    groups: dict[float, list[torch.Tensor]] = {}
+    for ps in params.values():
+        for p in ps.values():
+            for kind, t in latent_kinds(p):
+                groups.setdefault(scale.get(kind, 1.0), []).append(t)
+    return torch.optim.AdamW([{"params": ts, "lr_factor": f} for f, ts in groups.items()], lr=opts.lr,
+                             weight_decay=opts.weight_decay)
 
 
 def _anneal(params: Mapping[int, Mapping[str, Any]], opt: torch.optim.Optimizer, step: int, steps: int, warmup: int,
@@ -257,7 +293,7 @@ def _anneal(params: Mapping[int, Mapping[str, Any]], opt: torch.optim.Optimizer,
         for p in ps.values():
             p.anneal(step / max(steps - 1, 1))
     for g in opt.param_groups:
-        g["lr"] = opts.lr * _schedule(step, steps, warmup)
+        g["lr"] = opts.lr * g.get("lr_factor", 1.0) * _schedule(step, steps, warmup)
 
 
 def _train_step(mixture: Mixture, params: Mapping[int, Mapping[str, Any]], data: Any, opt: torch.optim.Optimizer,

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 __all__ = ["LAMBDA_SAMPLERS", "LearnedMatching", "LearnedOptions", "lambda_sampler"]
 
 LAMBDA_SAMPLERS = ("narrow", "uniform", "fixed:X")
+#: the kinds of latents a learning-rate factor can be given to (LearnedOptions.lr_scale)
+LR_KINDS = ("orthogonal", "linear", "diagonal", "rotary", "permutation")
 
 
 def lambda_sampler(text: str) -> tuple[float, float]:
@@ -85,7 +87,10 @@ class LearnedOptions:
     the paper's 0.1). ``solver``: weight matching's knobs for the start
     (:class:`~symspec.solvers.WeightOptions`). ``init``: the registered method whose
     element the run starts from (``weight``, the default; ``auto``: the candidate with
-    the lowest midpoint loss; any closed-form method), unless the caller gives a start."""
+    the lowest midpoint loss; any closed-form method), unless the caller gives a start.
+    ``lr_scale``: per kind of latent, a factor of ``lr`` (``(("orthogonal", 3.0),
+    ("linear", 0.3))``; kinds: orthogonal, linear, diagonal, rotary, permutation), since
+    the residual's rotation and the per-head GL maps move at different scales."""
 
     steps: int | None = None
     epochs: float | None = None
@@ -103,6 +108,7 @@ class LearnedOptions:
     dirichlet: float = 0.1
     solver: Any = None
     init: str = "weight"
+    lr_scale: tuple[tuple[str, float], ...] = ()
 
     def __attrs_post_init__(self) -> None:
         from .parametrize import ORTHOGONAL, PERMUTATIONS  # optional: torch (CLI help stays light)
@@ -126,6 +132,11 @@ class LearnedOptions:
             raise SymspecInputError(f"permutations: use {', '.join(PERMUTATIONS)}, got {self.permutations!r}")
         if self.orthogonal not in ORTHOGONAL:
             raise SymspecInputError(f"orthogonal: use {', '.join(ORTHOGONAL)}, got {self.orthogonal!r}")
+        for kind, factor in self.lr_scale:
+            if kind not in LR_KINDS:
+                raise SymspecInputError(f"lr_scale: unknown kind {kind!r}; kinds: {', '.join(LR_KINDS)}")
+            if not (factor > 0 and math.isfinite(factor)):
+                raise SymspecInputError(f"lr_scale: the factor of {kind} must be a positive number, got {factor}")
         if self.init != "weight":
             from ..alignment import get_method  # deferred: the registry loads this extension
 
