@@ -8,13 +8,13 @@ solver for free.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import attrs
 import torch
 
 from .errors import Location
-from .groups import Group
+from .groups import Element, Group
 
 _NOLOC = Location()
 
@@ -326,6 +326,11 @@ class Problem:
 
     def declared_spaces(self) -> list[str]:
         return list(dict.fromkeys(s.decl for s in self.spaces.values()))
+
+    def complete(self, elements: Mapping[str, Element]) -> dict[str, Element]:
+        """``elements`` with the identity for every space they leave out (a method's result
+        names only the spaces it searched)."""
+        return {s: elements[s] if s in elements else si.group.identity() for s, si in self.spaces.items()}
 
     def differences(self, other: Problem, here: str, there: str) -> list[str]:
         """How this problem differs from ``other`` (spaces and their groups, bound

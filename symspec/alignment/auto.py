@@ -185,6 +185,5 @@ def _scoring_batches(options: AlignOptions, limit: int | None) -> tuple[list[Any
 
 def _midpoint_loss(mixture: Any, problem: Problem, elements: dict[str, Any], batches: list[Any], data: Any) -> float:
     """The mean loss of ``(A + g.B) / 2`` over ``batches``."""
-    full = {s: elements.get(s, problem.spaces[s].group.identity()) for s in problem.spaces}
-    weights = mixture.mix([mixture.states[0], mixture.transformed(1, full)], [0.5, 0.5])
+    weights = mixture.mix([mixture.states[0], mixture.transformed(1, problem.complete(elements))], [0.5, 0.5])
     return mixture.mean_loss(data, weights, batches)

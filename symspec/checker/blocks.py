@@ -360,7 +360,7 @@ class Streamed:
     def _values(self, values: Values, entries: Sequence[Entry], dtype: torch.dtype, rows: Rows | None = None) -> list[torch.Tensor]:
         if not entries:
             return []
-        got = values([e.name for e in entries], rows) if rows is not None else values([e.name for e in entries])
+        got = values([e.name for e in entries], rows)
         out = []
         for e in entries:
             v = got.get(e.name)

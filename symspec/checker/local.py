@@ -165,7 +165,6 @@ class Weights:
             out.narrow(axis, s, k).copy_(transform_tensor(self.problem, binding, x.narrow(axis, s, k), elements))
         return out
 
-
     @staticmethod
     def _moved(binding: ParamBinding, elements: Mapping[str, Element]) -> set[int]:
         """The axes of the bound tensor that ``elements`` act on."""

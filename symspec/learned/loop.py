@@ -109,25 +109,15 @@ def start_element(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOpti
     """The starting element: ``options.init`` where given, else that of the method
     ``opts.init`` names (weight matching's by default)."""
     if options.init is not None:
-        missing = [s for s in problem.spaces if s not in options.init]
-        init = dict(options.init)
-        for s in missing:
-            init[s] = problem.spaces[s].group.identity()
-        return init, {"start": "given"}
+        return problem.complete(options.init), {"start": "given"}
     if opts.init != "weight":
         method = get_method(opts.init)
         found = method.align(problem, a, b, attrs.evolve(options, tuning=None, consume_b=False))
-        elements = dict(found.elements)
-        for s in problem.spaces:
-            elements.setdefault(s, problem.spaces[s].group.identity())
-        return elements, {"start": method.label, "start_method": method.name, "start_info": found.info,
-                          "start_objective": found.history}
+        return problem.complete(found.elements), {"start": method.label, "start_method": method.name,
+                                                  "start_info": found.info, "start_objective": found.history}
     res = match_weights(problem, a.state, b.state, rounds=options.rounds, tol=options.tol, device=options.device,
                         dtype=options.dtype, progress=options.progress, timer=options.timer, options=opts.solver)
-    elements = dict(res.elements)
-    for s in problem.spaces:
-        elements.setdefault(s, problem.spaces[s].group.identity())
-    return elements, {"start": "weight matching", "weight_matching_objective": res.history}
+    return problem.complete(res.elements), {"start": "weight matching", "weight_matching_objective": res.history}
 
 
 def align_pair(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions, opts: LearnedOptions) -> Alignment:
