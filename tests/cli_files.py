@@ -56,3 +56,20 @@ def model_file(folder: Path, name: str, vocab: int, d: int = 16, seed: int = 0, 
     p = folder / name
     p.write_text(MODEL.format(path=str(ROOT / "examples" / "nanogpt.py"), vocab=vocab, d=d, seed=seed) + extra)
     return p
+
+
+def gpt_checkpoints(folder: Path) -> dict[str, Path]:
+    """Two state-dict checkpoints (seeds 0 and 1) of the model file ``gpt.py`` over a word
+    text, in ``folder``: ``{"text", "model", "m0", "m1"}``."""
+    import torch
+
+    from symspec.loading import load_model
+
+    text = folder / "words.txt"
+    out = {"text": text, "model": model_file(folder, "gpt.py", write_words(text))}
+    lm = load_model(out["model"]).model
+    for i in range(2):
+        torch.manual_seed(i)
+        out[f"m{i}"] = folder / f"m{i}.pt"
+        torch.save(type(lm)(lm.config).state_dict(), out[f"m{i}"])
+    return out

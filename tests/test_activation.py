@@ -33,7 +33,7 @@ from symspec.solvers.engine.activation_statistics import (
     activation_terms,
 )
 from symspec.transforms import apply_elements, canonicalize_model, sample_elements, transform_tensor
-from tests.cli_files import model_file, run, write_words
+from tests.cli_files import gpt_checkpoints, run
 from tests.zoo import ZOO
 
 #: families whose norms compute in float32 whatever the model's dtype (RMSNorm upcasts)
@@ -285,18 +285,7 @@ def test_token_weights_count_the_data_and_fall_back_without_an_embedding() -> No
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from symspec.loading import load_model
-
-    d = tmp_path_factory.mktemp("activation")
-    text = d / "words.txt"
-    mf = model_file(d, "gpt.py", write_words(text))
-    lm = load_model(mf).model
-    out = {"text": text, "model": mf}
-    for i in range(2):
-        torch.manual_seed(i)
-        out[f"m{i}"] = d / f"m{i}.pt"
-        torch.save(type(lm)(lm.config).state_dict(), out[f"m{i}"])
-    return out
+    return gpt_checkpoints(tmp_path_factory.mktemp("activation"))
 
 
 def test_cli_match_with_activation_matching_writes_the_usual_outputs(files: dict[str, Path], tmp_path: Path) -> None:

@@ -194,19 +194,9 @@ def test_without_validation_data_auto_scores_on_train_and_says_so(pair: dict[str
 
 @pytest.fixture(scope="module")
 def cli_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from symspec.loading import load_model
-    from tests.cli_files import model_file, write_words
+    from tests.cli_files import gpt_checkpoints
 
-    d = tmp_path_factory.mktemp("auto_cli")
-    text = d / "words.txt"
-    mf = model_file(d, "gpt.py", write_words(text))
-    lm = load_model(mf).model
-    out: dict[str, Any] = {"text": text, "model": mf}
-    for i in range(2):
-        torch.manual_seed(i)
-        out[f"m{i}"] = d / f"m{i}.pt"
-        torch.save(type(lm)(lm.config).state_dict(), out[f"m{i}"])
-    return out
+    return gpt_checkpoints(tmp_path_factory.mktemp("auto_cli"))
 
 
 def test_cli_match_with_data_runs_auto_and_shows_every_candidate(cli_pair: dict[str, Any], tmp_path: Any) -> None:

@@ -28,7 +28,7 @@ from symspec.learned.method import lambda_sampler
 from symspec.learned.parametrize import PARAMETRIZATIONS, ParamSettings, parametrize
 from symspec.loading import import_file
 from symspec.solvers import SolverError
-from tests.cli_files import ROOT, model_file, run, write_words
+from tests.cli_files import ROOT, gpt_checkpoints, run
 from tests.zoo import ZOO
 
 GROUPS = [S(6), O(5), OC(6), GL(4), D(5), Dpos(5), RoPE(6), RoPE(8, rot=4), Id(3), Sign(4), SP(4),
@@ -233,15 +233,8 @@ def test_a_state_dict_or_missing_data_is_refused() -> None:
 def _checkpoints(tmp_path: Path) -> tuple[Path, list[Any]]:
     """Two nanoGPT checkpoints of a model file and a word text: (the model file, the CLI
     arguments ``m0.pt m1.pt --model FILE --data text:WORDS``)."""
-    from symspec.loading import load_model
-
-    text = tmp_path / "words.txt"
-    mf = model_file(tmp_path, "gpt.py", write_words(text))
-    lm = load_model(mf).model
-    for i in range(2):
-        torch.manual_seed(i)
-        torch.save(type(lm)(lm.config).state_dict(), tmp_path / f"m{i}.pt")
-    return mf, [tmp_path / "m0.pt", tmp_path / "m1.pt", "--model", mf, "--data", f"text:{text}"]
+    f = gpt_checkpoints(tmp_path)
+    return f["model"], [f["m0"], f["m1"], "--model", f["model"], "--data", f"text:{f['text']}"]
 
 
 def test_cli_match_learned_writes_the_usual_outputs(tmp_path: Path) -> None:
