@@ -140,9 +140,9 @@ def prepare(size: str, dtypes: list[str], pair: str, cache: Path = CACHE) -> dic
     """Build (once) and save, in every dtype, A (seed 0), B (planted from A, or seed 1)
     and C (seed 1, which ``barrier`` interpolates A with: a planted B is untied where the
     spec unties, and barrier evaluates B in A's tied module); returns the parameter count
-    and which pair B makes with A."""
-    import symspec
-
+    and which pair B makes with A. The build runs in a process of its own (see
+    :func:`recovery_in_child`: built here, the models would set the floor of every later
+    row's peak RSS)."""
     root = cache / size
     info_file = root / "info.json"
     info = json.loads(info_file.read_text()) if info_file.exists() else {}
@@ -151,6 +151,20 @@ def prepare(size: str, dtypes: list[str], pair: str, cache: Path = CACHE) -> dic
     if not missing and info.get("pair") and (pair == "auto" or info["pair"] == pair):
         return info
     print(f"[{size}] building the models ({', '.join(missing or dtypes)})", flush=True)
+    code = ("import json, sys; from pathlib import Path; from bench.bench_scale import build_all; "
+            "print(json.dumps(build_all(sys.argv[1], sys.argv[2].split(','), sys.argv[3], "
+            "Path(sys.argv[4]))))")
+    done = subprocess.run([sys.executable, "-c", code, size, ",".join(dtypes), pair, str(cache)],
+                          cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def build_all(size: str, dtypes: list[str], pair: str, cache: Path) -> dict[str, Any]:
+    """:func:`prepare`'s build, in the child it starts."""
+    import symspec
+
+    root = cache / size
+    info_file = root / "info.json"
     a = build(size, 0)
     params = count_params(a)
     if pair == "auto":
