@@ -132,3 +132,80 @@ def test_a_log_shows_the_statistics_pass(folders: dict[str, Path], tmp_path: Pat
     assert ", model B (1/" in err and "match: factoring activation statistics: " in err, err
     code, _, err = run(*args, "--out", str(tmp_path / "w"))  # the control: weight matching has no such pass
     assert code == 0 and "activation statistics" not in err, err
+
+
+def _gpt_batch(n: int, t: int) -> tuple[torch.nn.Module, torch.Tensor, symspec.Bound]:
+    model, _ = ZOO["gpt2"](seed=0, n_layer=2)
+    ids = torch.randint(0, model.config.vocab_size, (n, t), generator=torch.Generator().manual_seed(0))
+    return model, ids, symspec.bind("gpt2", model)
+
+
+def test_micro_batches_hold_the_moments_of_the_whole_batch() -> None:
+    """A batch recorded a few samples at a time (the default on any batch whose features
+    exceed MICRO_BYTES) gives the moments of the batch recorded whole, to float32
+    rounding; with a state B != A, so the cross moments are not Grams. Compared per
+    row: a site without the batch axis (GPT-2's position embedding, [1, T, d]) is seen
+    once per micro-batch, its rows counted as often."""
+    model, ids, bound = _gpt_batch(6, 8)
+    sa = dict(model.state_dict())
+    sb = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in sa.items()}
+    whole = moments_module.collect_moments(model, bound.problem, sa, sb, _Batches(ids, 2), micro_bytes=1 << 40)
+    parts = moments_module.micro_batches(ids, 64, torch.float32, limit=2 * 8 * 64 * 4)
+    assert [p.shape[0] for p in parts] == [2, 2, 2]  # the split did happen
+    split = moments_module.collect_moments(model, bound.problem, sa, sb, _Batches(ids, 2), micro_bytes=2 * 8 * 64 * 4)
+    assert whole.tokens == split.tokens == 2 * 6 * 8 and whole.batches == split.batches == 2
+    worst = 0.0
+    for name, m in whole.moments.items():
+        other = split.moments[name]
+        for got, want in [*zip(other.cross, m.cross), *((g, h) for g, h in zip(other.gram, m.gram) if h is not None),
+                          (other.sum_a, m.sum_a), (other.sq_b, m.sq_b)]:
+            assert got.dtype == torch.float64
+            got, want = got / other.count, want / m.count
+            worst = max(worst, float((got - want).abs().max() / want.abs().max().clamp_min(1e-30)))
+    assert worst < 1e-5, worst
+    # the control: a different batch's moments are far from these
+    other = moments_module.collect_moments(model, bound.problem, sa, sb, _Batches(ids.flip(0)[:, :7], 2))
+    name = next(iter(whole.moments))
+    assert float((other.moments[name].cross[0] - whole.moments[name].cross[0]).abs().max()) > 1e-3
+
+
+def test_micro_batches_split_whole_samples_evenly_or_not_at_all() -> None:
+    ids = torch.zeros(12, 10, dtype=torch.long)
+    row = 10 * 100 * 4  # one sample's bytes at 100 features in float32
+    assert [p.shape for p in moments_module.micro_batches(ids, 100, torch.float32, 5 * row)] == [(4, 10)] * 3
+    assert len(moments_module.micro_batches(ids, 100, torch.float32, 12 * row)) == 1
+    assert [p.shape[0] for p in moments_module.micro_batches(ids, 100, torch.float32, 1)] == [1] * 12
+    odd = moments_module.micro_batches(torch.zeros(7, 10, dtype=torch.long), 100, torch.float32, 3 * row)
+    assert [p.shape[0] for p in odd] == [1] * 7  # 7 is prime: equal pieces are single samples
+    mapping = {"input_ids": ids, "attention_mask": torch.ones(12, 10), "flag": True}
+    pieces = moments_module.micro_batches(mapping, 100, torch.float32, 6 * row)
+    assert [(p["input_ids"].shape[0], p["attention_mask"].shape[0], p["flag"]) for p in pieces] == [(6, 6, True)] * 2
+    # no batch axis to read: one piece
+    assert len(moments_module.micro_batches({"a": torch.zeros(4, 3), "b": torch.zeros(5)}, 100, torch.float32, 1)) == 1
+    assert len(moments_module.micro_batches(torch.tensor(3), 100, torch.float32, 1)) == 1
+
+
+def test_the_heap_setting_is_restored_and_untouched_where_not_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    import symspec.process as process
+
+    calls: list[tuple] = []
+
+    class FakeLibc:
+        def mallopt(self, param: int, value: int) -> int:
+            calls.append(("mallopt", param, value))
+            return 1
+
+        def malloc_trim(self, pad: int) -> int:
+            calls.append(("trim", pad))
+            return 1
+
+    monkeypatch.setattr(process, "_libc", lambda: FakeLibc())
+    monkeypatch.setattr(process, "_configured_mmap", None)
+    with process.reused_heap():
+        pass
+    assert calls == []  # a library user's process: its allocator is left alone
+    monkeypatch.setattr(process, "_configured_mmap", 1 << 20)
+    with pytest.raises(RuntimeError), process.reused_heap():
+        assert calls[0] == ("mallopt", -3, 32 << 20)
+        raise RuntimeError("the block failed")
+    assert calls[-3:] == [("mallopt", -3, 1 << 20), ("mallopt", -1, 128 * 1024), ("trim", 0)]

@@ -464,6 +464,8 @@ def test_b_s_own_embedding_is_aligned_in_place_in_slices(monkeypatch: pytest.Mon
     kept = symspec.align(a, b, "nanogpt", rounds=2)
     owned = symspec.align(a, b, "nanogpt", rounds=2, keep_canonical_b=False)
     assert sliced and all("wte" in p or "wpe" in p or "lm_head" in p for p in sliced), sliced
-    assert owned.history == kept.history
+    # to rounding, not bitwise: a slice of rows multiplied alone may take another BLAS
+    # kernel than the whole table (it did on one CPU, in the last bit of one round)
+    assert owned.history == pytest.approx(kept.history, rel=1e-12, abs=0)
     for p, v in kept.aligned_b.items():
         torch.testing.assert_close(owned.aligned_b[p], v, rtol=1e-12, atol=1e-12)

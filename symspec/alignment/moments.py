@@ -10,13 +10,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from ..checker import cast_inputs
 from ..errors import SymspecInputError
 from ..graph import SiteRecorder, read_sites
 from ..groups import Experts, Heads
 from ..problem import Problem
-from ..process import available_memory
+from ..process import available_memory, reused_heap
 from ..solvers import MatchEvent, Timer, match_weights
 from ..solvers.engine.activation_statistics import (
     ActivationMoments,
@@ -26,7 +27,7 @@ from ..solvers.engine.activation_statistics import (
 from .activation import ActivationMatching, TokenWeightedMatching, options_of
 from .protocol import Alignment, AlignOptions, Endpoint
 
-__all__ = ["align_activation", "align_token_weighted", "collect_moments", "token_counts"]
+__all__ = ["align_activation", "align_token_weighted", "collect_moments", "micro_batches", "token_counts"]
 
 
 def align_activation(method: ActivationMatching, problem: Problem, a: Endpoint, b: Endpoint,
@@ -104,45 +105,81 @@ def _batches(data: Any, limit: int | None) -> list[tuple[Any, Any]]:
     return list(batches[:limit] if limit is not None else batches)
 
 
+#: at most this many bytes of the widest site's features per micro-batch (a batch is
+#: recorded a few whole samples at a time: the activations stay small enough for the
+#: heap to reuse, :func:`~symspec.process.reused_heap`, and one model's features of a
+#: micro-batch, not of the whole batch, wait for the other's)
+MICRO_BYTES = 8 << 20
+
+
 def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[str, torch.Tensor],
                     state_b: Mapping[str, torch.Tensor], data: Any, *, batches: int | None = None,
                     device: torch.device | str = "cpu", sites: str = "read",
-                    progress: Callable[[MatchEvent], None] | None = None) -> ActivationMoments:
+                    progress: Callable[[MatchEvent], None] | None = None,
+                    micro_bytes: int = MICRO_BYTES) -> ActivationMoments:
     """Run ``module`` with A's and with B's weights over the data's batches and
     accumulate the moments of the activation sites of ``problem`` (``sites="all"``: every
     one; ``"read"``: one per chain of elementwise functions, :func:`~symspec.graph.read_sites`),
-    only the blocks and Grams their spaces read (:meth:`SiteMoments.for_site`). Per batch,
-    A's features are kept and B's are added to the moments site by site as B computes
-    them, A's copy dropped right after: one model's features of one batch are held, never both.
-    ``progress``: a ``MatchEvent("statistics", batch, batches, space="A" or "B", done, total)``
-    before each model's pass over each batch (``done`` passes of ``total`` finished)."""
+    only the blocks and Grams their spaces read (:meth:`SiteMoments.for_site`). Each
+    batch runs in micro-batches of whole samples (:func:`micro_batches`: the moments are
+    sums over tokens, and in eval mode a sample's features do not depend on the others);
+    per micro-batch, A's features are kept and B's are added to the moments site by site
+    as B computes them, A's copy dropped right after: one model's features of one
+    micro-batch are held, never both. ``progress``: a ``MatchEvent("statistics", batch,
+    batches, space="A" or "B", done, total)`` before each model's pass over each
+    micro-batch (``done`` passes of ``total`` finished)."""
     recorder = SiteRecorder(module, problem, select=read_sites if sites == "read" else None)
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
     moments: ActivationMoments | None = None
     training = module.training
     module.eval()  # features must be functions of the inputs: no dropout
-    todo = _batches(data, batches)
+    todo = [cast_inputs(inputs, dtype) for inputs, _ in _batches(data, batches)]
     say = progress or (lambda event: None)
     try:
-        for i, (inputs, _) in enumerate(todo):
-            inputs = cast_inputs(inputs, dtype)
-            if moments is None:  # the sites are known from the trace: refuse before the first forward pass
-                found = recorder.prepare(inputs)
-                if not found:
-                    raise SymspecInputError(f"no activation site found in {type(module).__name__} for the spec's spaces")
-                refuse_beyond_memory(ActivationMoments.empty(found, "meta", problem), type(module).__name__,
-                                     features=_feature_bytes(found, inputs, dtype))
-                moments = ActivationMoments.empty(found, device, problem)
-            say(MatchEvent("statistics", i + 1, len(todo), space="A", done=2 * i, total=2 * len(todo)))
-            fa = recorder.record(inputs, state_a)
-            say(MatchEvent("statistics", i + 1, len(todo), space="B", done=2 * i + 1, total=2 * len(todo)))
-            recorder.record(inputs, state_b, sink=_streamed(moments, fa))
-            moments.end_batch()
-            del fa
+        with reused_heap():
+            width = max((pb.shape[ab.axis] for pb in problem.params.values() for ab in pb.axes), default=1)
+            pieces = [micro_batches(inputs, width, dtype, micro_bytes) for inputs in todo]
+            found = recorder.prepare(pieces[0][0])
+            if not found:
+                raise SymspecInputError(f"no activation site found in {type(module).__name__} for the spec's spaces")
+            # the sites are known from the trace: refuse before the first forward pass
+            refuse_beyond_memory(ActivationMoments.empty(found, "meta", problem), type(module).__name__,
+                                 features=_feature_bytes(found, pieces[0][0], dtype))
+            moments = ActivationMoments.empty(found, device, problem)
+            total, done = 2 * sum(len(p) for p in pieces), 0
+            for i, micro in enumerate(pieces):
+                for part in micro:
+                    say(MatchEvent("statistics", i + 1, len(todo), space="A", done=done, total=total))
+                    fa = recorder.record(part, state_a)
+                    say(MatchEvent("statistics", i + 1, len(todo), space="B", done=done + 1, total=total))
+                    recorder.record(part, state_b, sink=_streamed(moments, fa))
+                    done += 2
+                    del fa
+                moments.end_batch()
+            moments.end_batches()
     finally:
         module.train(training)
-    assert moments is not None
     return moments
+
+
+def micro_batches(inputs: Any, width: int, dtype: torch.dtype, limit: int = MICRO_BYTES) -> list[Any]:
+    """``inputs`` split along the batch axis into equal micro-batches of whole samples, the
+    largest in which ``width`` features per token (the widest bound axis: no site is
+    wider) hold at most ``limit`` bytes, never less than one sample (equal sizes, a
+    divisor of the batch: one trace serves them all). Inputs that do not say their batch
+    axis (tensors of different first sizes, no tensor) are one piece."""
+    leaves, spec = pytree.tree_flatten(inputs)
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    if not tensors or any(x.ndim == 0 for x in tensors) or len({x.shape[0] for x in tensors}) != 1:
+        return [inputs]
+    n = tensors[0].shape[0]
+    rows = max(1, _token_ids(inputs).numel() // n) if _token_ids(inputs) is not None else 1
+    cap = max(1, limit // (rows * width * torch.empty((), dtype=dtype).element_size()))
+    per = max(d for d in range(1, min(cap, n) + 1) if n % d == 0)
+    if per == n:
+        return [inputs]
+    return [pytree.tree_unflatten([x[j:j + per] if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+            for j in range(0, n, per)]
 
 
 def refuse_beyond_memory(planned: ActivationMoments, model: str, available: int | None = None,
@@ -166,13 +203,22 @@ def _feature_bytes(sites: tuple[Any, ...], inputs: Any, dtype: torch.dtype) -> i
     """What one model's features of the batch ``inputs`` will hold (A's, kept until B's
     arrive), where the batch says how many tokens it has: token ids (an integer tensor,
     or ``input_ids``), one feature row per id. 0 where it does not say (images)."""
+    ids = _token_ids(inputs)
+    if ids is None:
+        return 0
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return ids.numel() * sum(s.size for s in sites) * itemsize
+
+
+def _token_ids(inputs: Any) -> torch.Tensor | None:
+    """The batch's token ids (an integer tensor, or ``input_ids``, or the first of a
+    tuple), None where it has none (images)."""
     ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
     if isinstance(ids, (tuple, list)) and ids:
         ids = ids[0]
     if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
-        return 0
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return ids.numel() * sum(s.size for s in sites) * itemsize
+        return None
+    return ids
 
 
 def _streamed(moments: ActivationMoments, fa: dict[str, torch.Tensor]) -> Any:
