@@ -30,6 +30,39 @@ class FiniteFloat(click.FloatRange):
         return super().convert(rv, param, ctx)
 
 
+class LrScale(click.ParamType):
+    """``KIND=X[,KIND=X...]``: learned matching's per-kind learning-rate factors
+    (:attr:`symspec.learned.LearnedOptions.lr_scale`), e.g. ``orthogonal=3,linear=0.3``."""
+
+    name = "lr-scale"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        if isinstance(value, tuple):
+            return value
+        from symspec.learned.method import LR_KINDS  # light: no torch
+
+        out: dict[str, float] = {}
+        for part in str(value).split(","):
+            kind, eq, factor = part.strip().partition("=")
+            kind = kind.strip()
+            if not eq or not kind:
+                self.fail(f"{part.strip()!r} is not KIND=FACTOR (kinds: {', '.join(LR_KINDS)})", param, ctx)
+            if kind not in LR_KINDS:
+                self.fail(f"unknown kind {kind!r}; kinds: {', '.join(LR_KINDS)}", param, ctx)
+            if kind in out:
+                self.fail(f"{kind} is given twice", param, ctx)
+            try:
+                x = float(factor)
+            except ValueError:
+                x = math.nan
+            if not (x > 0 and math.isfinite(x)):
+                self.fail(f"the factor of {kind} must be a positive number, got {factor.strip()!r}", param, ctx)
+            out[kind] = x
+        return tuple(out.items())
+
+
 class MethodChoice(click.ParamType):
     """An alignment method: any name in the registry (:mod:`symspec.alignment`), read when
     the command runs, so that a method registered by a plugin or a test is offered with
@@ -481,3 +514,14 @@ def learned_options(method: Any, flags: dict[str, tuple[str, Any]]) -> Any:
     if "steps" in given and "epochs" in given:
         raise SymspecInputError("--steps and --epochs: give one of them")
     return LearnedOptions(**{"permutations": method.permutations, **{f: v for f, (_, v) in given.items()}})
+
+
+def default_method(method: str | None, data_arg: str | None) -> str:
+    """--method as given; unset, weight matching, or with --data the data-driven default
+    (:data:`symspec.alignment.DATA_DEFAULT`: auto, which tries the closed-form methods and
+    keeps the best) -- for match, merge and universe alike."""
+    if method is not None:
+        return method
+    from symspec.alignment import DATA_DEFAULT
+
+    return DATA_DEFAULT if data_arg is not None else "weight"

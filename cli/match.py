@@ -17,9 +17,11 @@ import click
 from ._bounds import BATCH_SIZE, EPOCHS, LIFT_FREE_STEPS, SEED, STEPS
 from ._common import (
     FiniteFloat,
+    LrScale,
     MethodChoice,
     config_warning,
     data_inputs,
+    default_method,
     echo_json,
     handle_errors,
     progress_bar,
@@ -168,21 +170,11 @@ def _load_pair(a: str, b: str, factory: str | None, spec_arg: str | None, progre
     return la, lb, spec
 
 
-def default_method(method: str | None, data_arg: str | None) -> str:
-    """--method as given; unset, weight matching, or with --data the data-driven method
-    that measured best (:data:`symspec.alignment.DATA_DEFAULT`)."""
-    if method is not None:
-        return method
-    from symspec.alignment import DATA_DEFAULT
-
-    return DATA_DEFAULT if data_arg is not None else "weight"
-
-
 #: learned matching's flags: click's parameter name -> (the flag, the LearnedOptions field)
 LEARN_FLAGS = {"learn_steps": ("--steps", "steps"), "learn_epochs": ("--epochs", "epochs"), "learn_lr": ("--lr", "lr"),
                "learn_batch_size": ("--batch-size", "batch_size"), "learn_lambda": ("--lambda", "lam"),
                "learn_permutations": ("--permutations", "permutations"), "learn_seed": ("--seed", "seed"),
-               "learn_init": ("--init", "init")}
+               "learn_init": ("--init", "init"), "learn_lr_scale": ("--lr-scale", "lr_scale")}
 
 
 def learned_options(method: str, learn: dict[str, Any]) -> Any:
@@ -373,6 +365,9 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--epochs", "learn_epochs", type=EPOCHS, metavar="E",
                      help="learned: passes over the train split instead of --steps."),
         click.option("--lr", "learn_lr", type=FiniteFloat(0), help="learned: peak learning rate of AdamW.  [default: 1e-2]"),
+        click.option("--lr-scale", "learn_lr_scale", type=LrScale(), metavar="KIND=X[,KIND=X]",
+                     help="learned: a factor of --lr per kind of latent (orthogonal, linear, diagonal, rotary, "
+                          "permutation), e.g. orthogonal=3,linear=0.3 (docs/learned.md).  [default: 1 for all]"),
         click.option("--batch-size", "learn_batch_size", type=BATCH_SIZE,
                      help="learned: examples per step.  [default: the data's batches]"),
         click.option("--lambda", "learn_lambda", metavar="narrow|uniform|fixed:X",

@@ -17,6 +17,7 @@ from ._common import (
     FiniteFloat,
     MethodChoice,
     data_inputs,
+    default_method,
     echo_json,
     handle_errors,
     learned_options,
@@ -48,10 +49,12 @@ MAX_SIMPLEX_POINTS = 100_000
                    "its data()/loss() hooks to --data.")
 @click.option("--groups", default=None, metavar="full|perm|perm,SPACE=full",
               help="Groups to search: full (default), perm (permutations only), or per declared space.")
-@click.option("--method", default="weight", show_default=True, type=MethodChoice(),
+@click.option("--method", default=None, type=MethodChoice(),
               help="The alignment method that aligns each model onto the universe in every round: any registered "
                    "one (`symspec methods` lists them; a data-driven one aligns on the train split of --data). A "
-                   "method registered at run time reaches worker processes through an entry point or --setup.")
+                   "method registered at run time reaches worker processes through an entry point or --setup.  "
+                   "[default: weight; with --data, auto: the closed-form methods tried on each alignment, the "
+                   "best by the validation loss kept]")
 @click.option("--rounds", default=10, show_default=True, type=click.IntRange(1, 10000),
               help="At most this many rounds (align every model, then average).")
 @click.option("--tol", default=1e-4, show_default=True, type=FiniteFloat(min=0.0),
@@ -96,7 +99,7 @@ MAX_SIMPLEX_POINTS = 100_000
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
 @handle_errors
 def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factory: str | None, groups: str | None,
-                 method: str, rounds: int, tol: float, start_arg: str, jobs: int | None, ray_address: str | None,
+                 method: str | None, rounds: int, tol: float, start_arg: str, jobs: int | None, ray_address: str | None,
                  device: str, threads: int, data_arg: str | None, split: str, batch_size: int,
                  max_samples: int | None, simplex: bool | None, resolution: int | None, overwrite: bool,
                  resume: bool, worker_setup: str | None, learn_steps: int | None, learn_lr: float | None,
@@ -104,7 +107,9 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
     """Align every MODEL into one shared universe and merge them (universe matching).
 
     The universe starts as one model; each round aligns every model to it with the
-    alignment method (weight matching by default) under the spec's groups and sets it to
+    alignment method (weight matching by default; with --data, auto: the closed-form
+    methods tried on each alignment, the best by the validation loss kept) under the
+    spec's groups and sets it to
     the mean of the aligned models, until the objective (the sum of squared distances to
     the universe) stops improving. Every model gets one transform into the universe, so
     any two are aligned through it. With --method learned --data, weight matching's
@@ -122,6 +127,7 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
     from symspec.universe import round_method
 
     started = time.perf_counter()
+    method = default_method(method, data_arg)
     m = round_method(method, data_arg)  # before any work: a method universe matching cannot run
     options = learned_options(m, {"steps": ("--steps", learn_steps), "lr": ("--lr", learn_lr),
                                   "dirichlet": ("--alpha", learn_alpha), "seed": ("--seed", learn_seed)})

@@ -233,6 +233,21 @@ def test_cli_barrier_align_auto_says_which_method_won(cli_pair: dict[str, Any], 
     assert "auto" in json.dumps(winner)
 
 
+def test_cli_universe_with_data_aligns_with_auto_by_default(cli_pair: dict[str, Any], tmp_path: Any) -> None:
+    """As match and merge: --data without --method is auto; without --data, or with a
+    --method, what it was."""
+    from tests.cli_files import run
+
+    base = ["universe", cli_pair["m0"], cli_pair["m1"], "--model", cli_pair["model"], "--rounds", "1", "--json"]
+    data = ["--data", f"text:{cli_pair['text']}", "--max-samples", "32", "--resolution", "2"]
+    got = {}
+    for name, extra in {"data": data, "none": [], "weight": [*data, "--method", "weight"]}.items():
+        code, out, err = run(*base, *extra, "--out", tmp_path / name)
+        assert code == 0, err
+        got[name] = json.loads(out)["method"]
+    assert got == {"data": "auto", "none": "weight", "weight": "weight"}
+
+
 def test_universe_matching_rounds_can_align_with_auto(cli_pair: dict[str, Any]) -> None:
     from symspec.data import load_data
     from symspec.loading import load_model

@@ -324,6 +324,22 @@ def test_cli_learned_init_flag(tmp_path: Path) -> None:
     assert code == 2 and "--init: for --method learned" in err
 
 
+def test_cli_learned_lr_scale_flag(tmp_path: Path) -> None:
+    _, args = _checkpoints(tmp_path)
+    code, out, err = run("match", *args, "--method", "learned", "--steps", 2, "--lr-scale", "orthogonal=3, linear=0.3",
+                         "--out", tmp_path / "m", "--json")
+    assert code == 0, err
+    assert json.loads(out)["info"]["lr_scale"] == {"orthogonal": 3.0, "linear": 0.3}
+    for bad, says in [("orthogonal", "is not KIND=FACTOR"), ("spin=2", "unknown kind 'spin'"),
+                      ("linear=0", "must be a positive number"), ("linear=nan", "must be a positive number"),
+                      ("linear=x", "must be a positive number"), ("linear=1,linear=2", "given twice")]:
+        code, _, err = run("match", *args, "--method", "learned", "--lr-scale", bad, "--out", tmp_path / "x")
+        assert code == 2 and "--lr-scale" in err and says in err, (bad, err)
+    code, _, err = run("match", *args, "--method", "weight", "--lr-scale", "linear=2", "--out", tmp_path / "x")
+    assert code == 2 and "--lr-scale: for --method learned" in err, err
+    assert not (tmp_path / "x").exists()
+
+
 # ----------------------------------------------------------------------------- universe refinement
 
 def test_universe_learned_refinement_lowers_the_merged_loss_and_keeps_every_function() -> None:

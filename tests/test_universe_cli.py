@@ -74,7 +74,7 @@ def baseline(files: dict[str, Path]) -> dict[str, Any]:
     """One run in this process (no workers), with the analysis over the simplex."""
     out = files["dir"] / "out"
     code, stdout, stderr = run("universe", f"@{files['list']}", "--model", files["model"], "--out", out,
-                               "--rounds", 2, "--tol", 0, "--data", f"text:{files['text']},context=16",
+                               "--rounds", 2, "--tol", 0, "--method", "weight", "--data", f"text:{files['text']},context=16",
                                "--max-samples", 64, "--resolution", 6, "--json")
     assert code == 0, stderr
     return {"out": out, "report": json.loads(stdout)}
