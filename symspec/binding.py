@@ -99,7 +99,8 @@ def bind(spec: Spec | str, model: torch.nn.Module | Mapping[str, torch.Tensor], 
         matched = len(spec.params) - b.unmatched
         raise BindError(b.diags, headline=_misfit_headline(spec, b.model.cls_name, matched, len(b.diags), b.model.tensors))
     after_untie = tuple(g for g in declared if not (set(g) & untied))
-    problem = Problem(spaces=b.spaces, params=b.params, invariants=tuple(b.invariants), ties=after_untie)
+    problem = Problem(spaces=b.spaces, params=b.params, invariants=tuple(b.invariants), ties=after_untie,
+                      outputs=spec.outputs)
     bound = BoundSpec(spec, problem, dims, canonical, tuple(declared))
     if trace and b.model.module is not None and example_inputs is not None:
 

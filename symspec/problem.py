@@ -306,6 +306,9 @@ class Problem:
     #: groups of parameter names that share one tensor (after canonicalisation)
     ties: tuple[tuple[str, ...], ...] = ()
     sites: tuple[Site, ...] = ()
+    #: the model outputs the symmetries preserve (the spec's ``outputs``; empty: all):
+    #: what every function check compares
+    outputs: tuple[str, ...] = ()
 
     def sites_of(self, space: str) -> list[Site]:
         return [s for s in self.sites if space in s.spaces()]

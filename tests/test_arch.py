@@ -63,6 +63,9 @@ NEGATIVE = {
     "gemma": ([("qk=RoPE(dh)", "qk=GL(dh)")], {"attn[*]"}),
     "gpt_neox": ([("group: OC(d)", "group: O(d)")], {"resid"}),
     "mixtral": ([("Experts(E, S(f))", "Experts(E, O(f))")], {"moe[*]"}),  # silu does not commute with rotations
+    # a self-attention head moved without its relative position bias column
+    "t5": ([("group: Heads(H, qk=GL(dh), ov=GL(dh), perm=False)\n    doc: encoder",
+             "group: Heads(H, qk=GL(dh), ov=GL(dh))\n    doc: encoder")], {"attn[*]"}),
 }
 
 
@@ -79,6 +82,31 @@ def test_a_too_large_group_is_caught(name: str) -> None:
     assert expected <= failed(report) <= expected | {"all"}
     worst = max(r.max_rel for r in report.failed_rows())
     assert worst > 1e-4  # a wrong symmetry breaks the function, it does not nudge it
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_t5_residual_holds_only_on_the_logits_and_with_the_encoder_norm_folded_everywhere(whole: bool) -> None:
+    """T5 returns the encoder's last hidden state beside the logits: a residual map moves
+    it, so the spec compares the logits alone (``outputs: [logits]``); and the encoder's
+    final norm is read by the keys and values of every cross-attention: its gain is
+    folded into all of them (one gain, a reader in every block). Each removed is caught."""
+    model, inputs = ZOO["t5"]()
+    spec = symspec.load_spec("t5")
+    assert spec.outputs == ("logits",)
+    report = check(model, spec, inputs, dtypes=["float64"], samples=1, whole=whole)
+    assert not failed(report) and {r.space for r in report.rows} >= {"resid", "xattn[*]"}
+    every_output = variant("t5", ("outputs: [logits]\n", ""))  # the folded final norm changes that state too
+    assert failed(check(model, every_output, inputs, dtypes=["float64"], samples=1, whole=whole)) == {"canonicalize", "resid", "all"}
+    fold = ("  - fold_norm:\n      gain: encoder.final_layer_norm.weight\n      into:\n"
+            '        - {weight: "decoder.block.{i}.layer.1.EncDecAttention.k.weight", axis: 1}\n'
+            '        - {weight: "decoder.block.{i}.layer.1.EncDecAttention.v.weight", axis: 1}\n')
+    unfolded = variant("t5", (fold, ""))
+    assert failed(check(model, unfolded, inputs, dtypes=["float64"], samples=1, whole=whole)) == {"resid", "all"}
+    # an output the model does not return: one line naming those it does
+    wrong = variant("t5", ("outputs: [logits]", "outputs: [logits, scores]"))
+    with pytest.raises(symspec.SymspecInputError, match=r"outputs name scores, which the model does not return "
+                                                        r"\(it returns logits, encoder_last_hidden_state"):
+        check(model, wrong, inputs, dtypes=["float64"], samples=1, whole=whole)
 
 
 def test_bert_surviving_group_is_exactly_permutations_times_a_global_sign() -> None:

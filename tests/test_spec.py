@@ -287,3 +287,48 @@ def test_group_structure_is_checked_at_load_whatever_the_dimensions(group: str, 
 def test_every_unknown_dimension_of_a_group_is_reported() -> None:
     errs = errors_of(MINIMAL.replace("resid: O(d)", "resid: O(d)\n  g: Heads(h, qk=GL(q), kv=z)"))
     assert [e.split(": ", 2)[2].split(" in group")[0] for e in errs] == [f"unknown dimension '{n}'" for n in "hqz"]
+
+
+# -- outputs: which of the model's outputs the symmetries preserve ------------------------
+
+
+def test_outputs_are_read_written_and_checked_against_the_schema() -> None:
+    import jsonschema
+    import yaml
+
+    text = MINIMAL.replace("name: tiny\n", "name: tiny\noutputs: [logits]\n")
+    spec = loads_spec(text)
+    assert spec.outputs == ("logits",) and loads_spec(MINIMAL).outputs == ()
+    assert loads_spec(dump_spec(spec)) == spec and "outputs: [logits]" in dump_spec(spec)
+    jsonschema.validate(yaml.safe_load(text), json_schema())
+    assert loads_spec(MINIMAL.replace("name: tiny\n", "name: tiny\noutputs: logits\n")).outputs == ("logits",)
+    for bad in ("outputs: [logits, logits]", "outputs: [1]", "outputs: {a: 1}", "outputs: ['']"):
+        errs = errors_of(MINIMAL.replace("name: tiny\n", f"name: tiny\n{bad}\n"))
+        assert len(errs) == 1 and "outputs must be a list of distinct output names" in errs[0], (bad, errs)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(yaml.safe_load(MINIMAL.replace("name: tiny\n", "name: tiny\noutputs: [a, a]\n")), json_schema())
+
+
+def test_a_fold_norm_reader_may_have_captures_the_gain_lacks_but_its_bias_no_others() -> None:
+    base = """\
+symspec: 1
+name: tiny
+dims:
+  d: 4
+spaces:
+  resid: O(d)
+params:
+  blocks.{i}.w: [resid, resid*]
+  blocks.{i}.b: [resid]
+  norm.weight: invariant
+canonicalize:
+  - fold_norm:
+      gain: norm.weight
+      fold_bias: false
+      into:
+        - {weight: "blocks.{i}.w", axis: 1%s}
+"""
+    assert loads_spec(base % "").canonicalize  # one gain, a reader in every block
+    assert loads_spec(base % ', bias: "blocks.{i}.b"').canonicalize
+    errs = errors_of(base % ', bias: "blocks.{j}.b"')
+    assert len(errs) == 1 and "'blocks.{j}.b' uses captures that neither the gain 'norm.weight' nor its weight" in errs[0]

@@ -159,6 +159,21 @@ def opt(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_f
     return model, {**_tokens(model, 2, 8, seed, pad=True), "use_cache": False}
 
 
+@entry("t5")
+def t5(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_ff: int = 12, vocab: int = 23,
+       **kw: Any) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.T5Config(vocab_size=vocab, d_model=n_head * head_dim, d_kv=head_dim, d_ff=n_ff, num_layers=n_layer,
+                                num_decoder_layers=n_layer, num_heads=n_head, relative_attention_num_buckets=8,
+                                decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **kw)
+    model = _hf(transformers.T5ForConditionalGeneration(cfg), seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    return model, {**_tokens(model, 2, 8, seed, pad=True),
+                   "decoder_input_ids": torch.randint(vocab, (2, 6), generator=g), "use_cache": False}
+
+
 @entry("bert")
 def bert(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_ff: int = 12, vocab: int = 23, **kw: Any) -> tuple[torch.nn.Module, Any]:
     import transformers

@@ -9,7 +9,7 @@ import attrs
 import torch
 
 from ..errors import Location
-from ..spec.templates import fill
+from ..spec.templates import captures_of, fill
 from .base import BindContext, CanonicalizationError, CanonOp, CanonStep, writable
 
 if TYPE_CHECKING:
@@ -43,13 +43,27 @@ class FoldNorm(CanonStep):
                 ctx.error(step.loc, f"fold_norm: {gain} has shape {list(size)}; a norm gain is a vector")
                 continue
             folds_bias = bias is not None and args.get("fold_bias", True)
-            readers = [r for spec in args["into"] if (r := self._reader(spec, caps, size[0], folds_bias, bias, step.loc, ctx))]
+            readers = [r for spec in args["into"] for rcaps in self._reader_captures(spec, caps, step.loc, ctx)
+                       if (r := self._reader(spec, rcaps, size[0], folds_bias, bias, step.loc, ctx))]
             ctx.touches_tie(gain, step.loc, self.kind)
             op_args = {"gain": gain, "bias": bias, "fold_bias": bool(args.get("fold_bias", True)), "into": readers}
             if args.get("gain_offset"):  # only when set: records of plain folds stay as they were
                 op_args["gain_offset"] = args["gain_offset"]
             out.append(CanonOp(self.kind, op_args, step.loc, index))
         return out
+
+    def _reader_captures(self, spec: dict[str, Any], caps: dict[str, int], loc: Location,
+                         ctx: BindContext) -> list[dict[str, int]]:
+        """The captures of each reader ``spec`` names for this gain: the gain's own where
+        the reader's pattern has no other; else one per parameter the pattern matches that
+        agrees with the gain's (a final norm read in every block), none matched an error."""
+        if set(captures_of(spec["weight"])) <= set(caps):
+            return [caps]
+        found = [{**rc, **caps} for _, rc in ctx.matches(spec["weight"])
+                 if all(rc.get(k, v) == v for k, v in caps.items())]
+        if not found:
+            ctx.no_match(loc, self.kind, spec["weight"])
+        return sorted(found, key=lambda c: sorted(c.items()))
 
     def _reader(self, spec: dict[str, Any], caps: dict[str, int], size: int, folds_bias: bool, bias: str | None,
                 loc: Location, ctx: BindContext) -> dict[str, Any] | None:

@@ -31,11 +31,30 @@ and the report), :mod:`~symspec.checker.inplace` (the working copies, moved in p
 from __future__ import annotations
 
 from .canonical import canonicalize_inplace, locate_canonical_failure
-from .forward import DTYPES, call_forward, cast_inputs, compare, copy_as, flatten_outputs
+from .forward import (
+    DTYPES,
+    call_forward,
+    cast_inputs,
+    compare,
+    copy_as,
+    flatten_outputs,
+    select_outputs,
+)
 from .report import DEFAULT_RTOL, CheckReport, CheckRow
 from .run import check
 
 __all__ = [
-    "DEFAULT_RTOL", "DTYPES", "CheckReport", "CheckRow", "call_forward", "canonicalize_inplace", "cast_inputs",
-    "check", "compare", "copy_as", "flatten_outputs", "locate_canonical_failure",
+    "DEFAULT_RTOL",
+    "DTYPES",
+    "CheckReport",
+    "CheckRow",
+    "call_forward",
+    "canonicalize_inplace",
+    "cast_inputs",
+    "check",
+    "compare",
+    "copy_as",
+    "flatten_outputs",
+    "locate_canonical_failure",
+    "select_outputs",
 ]

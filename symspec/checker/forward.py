@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ..errors import SymspecInputError
+
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -82,7 +84,26 @@ def call_forward(module: torch.nn.Module, inputs: Any, mode: Any = None) -> Any:
         return module(*args, **kwargs)
 
 
-def forward_outputs(module: torch.nn.Module, inputs: Any, dtype: torch.dtype, mode: Any = None) -> list[torch.Tensor]:
-    """The floating-point outputs of ``module`` on ``inputs`` cast to ``dtype``."""
+def select_outputs(out: Any, keys: Sequence[str] = ()) -> Any:
+    """The outputs a spec's symmetries preserve (its ``outputs``: keys of the model's
+    output mapping); all of ``out`` where the spec names none. A key the output lacks is
+    bad input, named with the keys there are."""
+    if not keys:
+        return out
+    if not isinstance(out, Mapping):
+        raise SymspecInputError(f"the spec names the outputs {', '.join(keys)}, but the model returns a "
+                                f"{type(out).__name__}, not a mapping of named outputs")
+    missing = [k for k in keys if out.get(k) is None]
+    if missing:
+        have = ", ".join(k for k, v in out.items() if v is not None)
+        raise SymspecInputError(f"the spec's outputs name {', '.join(missing)}, which the model does not return "
+                                f"(it returns {have})")
+    return {k: out[k] for k in keys}
+
+
+def forward_outputs(module: torch.nn.Module, inputs: Any, dtype: torch.dtype, mode: Any = None,
+                    keys: Sequence[str] = ()) -> list[torch.Tensor]:
+    """The floating-point outputs of ``module`` on ``inputs`` cast to ``dtype`` (only
+    ``keys`` of them, where given: :func:`select_outputs`)."""
     out = call_forward(module, cast_inputs(inputs, dtype), mode)
-    return [t.detach() for t in flatten_outputs(out)]
+    return [t.detach() for t in flatten_outputs(select_outputs(out, keys))]

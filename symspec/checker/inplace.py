@@ -85,8 +85,10 @@ class InPlace:
 class Models:
     """The float64 working copy and, when float32 is checked, a float32 mirror of it."""
 
-    def __init__(self, model: torch.nn.Module, inputs: Any, dtypes: Sequence[str], exact64: bool) -> None:
+    def __init__(self, model: torch.nn.Module, inputs: Any, dtypes: Sequence[str], exact64: bool,
+                 outputs: Sequence[str] = ()) -> None:
         self.inputs = inputs
+        self.outputs = tuple(outputs)  # the spec's outputs: those compared (all where empty)
         self.work = copy_as(model, torch.float64)
         self.m32 = copy_as(model, torch.float32) if "float32" in dtypes else None
         self.keep = KeepFloat64(rewrite=exact64)
@@ -100,14 +102,14 @@ class Models:
 
     def run(self, dt: str) -> list[torch.Tensor]:
         if dt == "float64":
-            return forward_outputs(self.work, self.inputs, torch.float64, self.keep)
+            return forward_outputs(self.work, self.inputs, torch.float64, self.keep, self.outputs)
         assert self.m32 is not None
         if self.dirty:
             with torch.no_grad():
                 for name in self.dirty:
                     self.t32[name].copy_(self.t64[name])
             self.dirty.clear()
-        return forward_outputs(self.m32, self.inputs, torch.float32)
+        return forward_outputs(self.m32, self.inputs, torch.float32, keys=self.outputs)
 
     def canonicalize(self, bound: BoundSpec) -> None:
         canonicalize_inplace(bound, self.work)

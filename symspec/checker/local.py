@@ -28,7 +28,7 @@ from ..problem import ParamBinding, Problem
 from ..transforms import transform_tensor
 from .blocks import Lane, Recording, Rows, Streamed, Values, take_rows
 from .canonical import _value_steps
-from .forward import DTYPES, compare, flatten_outputs
+from .forward import DTYPES, compare, flatten_outputs, select_outputs
 
 #: canonical values kept between passes when at most this many entries (norm gains, biases)
 _CACHE_NUMEL = 1 << 16
@@ -182,6 +182,7 @@ class LocalModels:
         self.weights = Weights(bound, original)
         self.inputs = inputs
         self.dtypes = dtypes
+        self.outputs = bound.spec.outputs  # the spec's outputs: those compared (all where empty)
         self.keep = KeepFloat64(rewrite=exact64)
         self.exact64 = exact64
         self.recs: dict[str, Recording] = {}
@@ -200,14 +201,15 @@ class LocalModels:
         lane = self._plain.pop(dt)
         if lane.error is not None:
             raise lane.error
-        return [t.detach() for t in flatten_outputs(lane.out)]
+        return [t.detach() for t in flatten_outputs(select_outputs(lane.out, self.outputs))]
 
     def record(self) -> dict[str, list[torch.Tensor]]:
         """The canonical model's pass per dtype, recorded; its outputs."""
         recs = self.streamed.record([DTYPES[dt] for dt in self.dtypes], self.inputs, self._shared(self.weights.canonical),
                                     [self.mode(dt) for dt in self.dtypes])
         self.recs = dict(zip(self.dtypes, recs))
-        return {dt: [t.detach() for t in flatten_outputs(r.final)] for dt, r in self.recs.items()}
+        return {dt: [t.detach() for t in flatten_outputs(select_outputs(r.final, self.outputs))]
+                for dt, r in self.recs.items()}
 
     def _shared(self, values: Values) -> Values:
         """``values``, computed once per block call for all lanes."""
@@ -227,7 +229,7 @@ class LocalModels:
         lane (a dtype and the elements to apply), all lanes in one lockstep pass; the
         ``common`` elements (every lane's) are applied once per block for all lanes."""
         out: list[tuple[float, float]] = [(0.0, 0.0)] * len(lanes)
-        todo, refs = [], []
+        todo, refs, finals = [], [], []
         for dt, elements in lanes:
             names = self.weights.affected(set(elements))
             rec = self.recs[dt]
@@ -237,13 +239,16 @@ class LocalModels:
             span = self.span(names, rec)
             extra = {k: v for k, v in elements.items() if k not in common}
             todo.append(Lane(DTYPES[dt], self._values(names, extra, common), self.mode(dt), rec if span else None, span))
-            refs.append(rec.outputs[span[1]] if span is not None and rec.can_stop(*span) else rec.final)
+            stops = span is not None and rec.can_stop(*span)
+            refs.append(rec.outputs[span[1]] if stops else rec.final)
+            finals.append(not stops)  # the model's own outputs: only the spec's are compared
         running = [lane for lane in todo if lane is not None]
-        got = iter(zip(self.streamed.run_lanes(self.inputs, running), refs)) if running else iter(())
+        got = iter(zip(self.streamed.run_lanes(self.inputs, running), refs, finals)) if running else iter(())
         for k, lane in enumerate(todo):
             if lane is not None:
-                result, ref = next(got)
-                out[k] = compare(flatten_outputs(ref), flatten_outputs(result))
+                result, ref, final = next(got)
+                keys = self.outputs if final else ()
+                out[k] = compare(flatten_outputs(select_outputs(ref, keys)), flatten_outputs(select_outputs(result, keys)))
         return out
 
     def _values(self, names: Sequence[str], extra: Mapping[str, Element], common: Mapping[str, Element]) -> Values:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -20,7 +20,7 @@ import torch
 from ..alignment.mixture import Mixture
 from ..alignment.protocol import Alignment, AlignOptions, Endpoint
 from ..alignment.registry import get_method
-from ..checker import DEFAULT_RTOL, compare, flatten_outputs
+from ..checker import DEFAULT_RTOL, compare, flatten_outputs, select_outputs
 from ..data import call_model
 from ..data.base import batch_len, move
 from ..errors import SymspecInputError
@@ -73,18 +73,21 @@ def _schedule(step: int, total: int, warmup: int) -> float:
 
 
 def float64_difference(module: torch.nn.Module, device: Any, before: Mapping[str, torch.Tensor],
-                       after: Mapping[str, torch.Tensor], batch: tuple[Any, Any], examples: int) -> tuple[float, float]:
-    """(max absolute, max relative) difference between ``module``'s outputs with the
-    weights ``before`` and with ``after`` (functional names) on ``examples`` examples of
-    ``batch``, in float64 throughout: casts a model writes (RMSNorm computed in float32)
-    are kept in float64, as the checker does."""
+                       after: Mapping[str, torch.Tensor], batch: tuple[Any, Any], examples: int,
+                       outputs: Sequence[str] = ()) -> tuple[float, float]:
+    """(max absolute, max relative) difference between ``module``'s outputs (``outputs``
+    of them where given: the spec's) with the weights ``before`` and with ``after``
+    (functional names) on ``examples`` examples of ``batch``, in float64 throughout:
+    casts a model writes (RMSNorm computed in float32) are kept in float64, as the
+    checker does."""
     m64 = copy.deepcopy(module).to(device, torch.float64).eval()
     inputs = move(_rows(batch[0], 0, examples), device, torch.float64)
 
     def forward(sd: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         w = {k: v.detach().to(device, torch.float64) if v.is_floating_point() else v.to(device) for k, v in sd.items()}
         with torch.no_grad(), KeepFloat64():
-            return flatten_outputs(call_model(lambda *x, **k: torch.func.functional_call(m64, w, x, k), inputs))
+            out = call_model(lambda *x, **k: torch.func.functional_call(m64, w, x, k), inputs)
+            return flatten_outputs(select_outputs(out, outputs))
 
     return compare(forward(before), forward(after))
 
@@ -98,7 +101,7 @@ def check_function(run: Mixture, b_state: Mapping[str, torch.Tensor], elements: 
            for k, v in b_state.items() if k in run.names}
     e64 = {s: {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in e.items()} for s, e in elements.items()}
     aligned = apply_elements(run.problem, e64, b64)
-    max_abs, max_rel = float64_difference(run.module, run.device, b64, aligned, batch, examples)
+    max_abs, max_rel = float64_difference(run.module, run.device, b64, aligned, batch, examples, run.problem.outputs)
     rtol = DEFAULT_RTOL["float64"] * max(1.0, cond / 10.0)
     return {"examples": examples, "dtype": "float64", "max_abs": max_abs, "max_rel": max_rel, "rtol": rtol,
             "passed": math.isfinite(max_rel) and max_rel <= rtol}

@@ -37,7 +37,7 @@ from .yamlsrc import KeyPath, Source, decode_spec, load_source, spec_error
 __all__ = ["dump_spec", "load_spec", "loads_spec"]  # dump_spec: the writer, in .write
 
 FORMAT_VERSION = 1
-TOP_KEYS = ("symspec", "name", "description", "models", "dims", "spaces", "params", "ties", "canonicalize")
+TOP_KEYS = ("symspec", "name", "description", "models", "outputs", "dims", "spaces", "params", "ties", "canonicalize")
 _SPACE_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[([A-Za-z_][A-Za-z0-9_]*)\])?$")
 
 
@@ -125,6 +125,14 @@ def _structure(src: Source) -> Spec | None:
         src.error(("models",), "models must be a list of model class names")
         models = []
 
+    outputs = data.get("outputs", [])
+    if isinstance(outputs, str):
+        outputs = [outputs]
+    if not isinstance(outputs, list) or not all(isinstance(o, str) and o for o in outputs) \
+            or len(set(outputs)) != len(outputs):
+        src.error(("outputs",), "outputs must be a list of distinct output names (keys of the model's output, e.g. logits)")
+        outputs = []
+
     dims = _dims(src, data.get("dims", {}))
     # a declared dimension whose expression is wrong is still declared: its uses are not
     # reported again as unknown
@@ -141,6 +149,7 @@ def _structure(src: Source) -> Spec | None:
         version=FORMAT_VERSION,
         description=description,
         models=tuple(models),
+        outputs=tuple(outputs),
         dims=tuple(dims),
         spaces=tuple(spaces),
         params=tuple(params),

@@ -343,6 +343,10 @@ class Spec:
     params: tuple[ParamDecl, ...] = ()
     ties: tuple[TieDecl, ...] = ()
     canonicalize: tuple[StepDecl, ...] = ()
+    #: the model outputs the symmetries preserve (keys of its output mapping; empty:
+    #: every floating-point output). An encoder-decoder returns its encoder's last hidden
+    #: state beside the logits, in the residual stream's basis: a residual map moves it.
+    outputs: tuple[str, ...] = ()
     source: str = attrs.field(default="<string>", eq=False)
 
     def space(self, name: str) -> SpaceDecl:

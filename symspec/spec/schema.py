@@ -80,6 +80,13 @@ def json_schema() -> dict[str, Any]:
                 "description": "parameter name template (with {i} captures) -> axes or 'invariant'",
                 "additionalProperties": param,
             },
+            "outputs": {
+                "type": "array",
+                "description": "the model outputs the symmetries preserve (keys of its output, e.g. logits); "
+                               "default: every floating-point output",
+                "items": {"type": "string", "minLength": 1},
+                "uniqueItems": True,
+            },
             "ties": {
                 "type": "array",
                 "items": {"type": "array", "items": {"type": "string"}, "minItems": 2},

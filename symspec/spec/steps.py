@@ -77,14 +77,20 @@ class StepSyntax:
 
 
 def _fold_norm_captures(src: Source, path: KeyPath, args: dict[str, Any]) -> None:
-    """Every other name of a ``fold_norm`` is filled from the gain's captures."""
+    """The norm's bias is filled from the gain's captures. A reader may have captures the
+    gain lacks (one final norm read by a layer of every block: T5's encoder output, read
+    by every cross-attention's keys and values): the gain is folded into every weight the
+    reader's pattern matches, and the reader's bias uses the weight's captures."""
     if "gain" not in args:
         return
     primary = set(captures_of(args["gain"]))
-    others = [args.get("bias")] + [r.get(k) for r in args.get("into", []) for k in ("weight", "bias")]
-    for t in others:
-        if t and not set(captures_of(t)) <= primary:
-            src.error(path, f"'{t}' uses captures that the gain '{args['gain']}' does not have")
+    bias = args.get("bias")
+    if bias and not set(captures_of(bias)) <= primary:
+        src.error(path, f"'{bias}' uses captures that the gain '{args['gain']}' does not have")
+    for r in args.get("into", []):
+        w, rb = r.get("weight"), r.get("bias")
+        if w and rb and not set(captures_of(rb)) <= set(captures_of(w)) | primary:
+            src.error(path, f"'{rb}' uses captures that neither the gain '{args['gain']}' nor its weight '{w}' has")
 
 
 UNTIE = StepSyntax(

@@ -69,6 +69,8 @@ def dump_spec(spec: Spec, *, header: Sequence[str] = (), notes: Mapping[NoteKey,
         lines.append(f"description: {scalar(spec.description)}")
     if spec.models:
         lines.append(f"models: [{', '.join(scalar(m, flow=True) for m in spec.models)}]")
+    if spec.outputs:
+        lines.append(f"outputs: [{', '.join(scalar(o, flow=True) for o in spec.outputs)}]")
     if spec.dims:
         lines += ["", "dims:"]
         lines += [f"  {scalar(d.name)}: {_number_or_text(d.expr)}" + _note(notes, ("dims", d.name)) for d in spec.dims]
