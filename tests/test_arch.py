@@ -63,6 +63,7 @@ NEGATIVE = {
     "gemma": ([("qk=RoPE(dh)", "qk=GL(dh)")], {"attn[*]"}),
     "gpt_neox": ([("group: OC(d)", "group: O(d)")], {"resid"}),
     "mixtral": ([("Experts(E, S(f))", "Experts(E, O(f))")], {"moe[*]"}),  # silu does not commute with rotations
+    "bart": ([("group: S(d)", "group: O(d)")], {"resid"}),  # post-LN, as bert
     # a self-attention head moved without its relative position bias column
     "t5": ([("group: Heads(H, qk=GL(dh), ov=GL(dh), perm=False)\n    doc: encoder",
              "group: Heads(H, qk=GL(dh), ov=GL(dh))\n    doc: encoder")], {"attn[*]"}),
