@@ -183,6 +183,8 @@ def test_micro_batches_split_whole_samples_evenly_or_not_at_all() -> None:
     # no batch axis to read: one piece
     assert len(moments_module.micro_batches({"a": torch.zeros(4, 3), "b": torch.zeros(5)}, 100, torch.float32, 1)) == 1
     assert len(moments_module.micro_batches(torch.tensor(3), 100, torch.float32, 1)) == 1
+    # an unbatched sequence: its first axis is tokens that attend to each other, never split
+    assert len(moments_module.micro_batches(torch.zeros(64, dtype=torch.long), 100, torch.float32, 1)) == 1
 
 
 def test_the_heap_setting_is_restored_and_untouched_where_not_configured(monkeypatch: pytest.MonkeyPatch) -> None:

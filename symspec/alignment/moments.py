@@ -167,10 +167,12 @@ def micro_batches(inputs: Any, width: int, dtype: torch.dtype, limit: int = MICR
     largest in which ``width`` features per token (the widest bound axis: no site is
     wider) hold at most ``limit`` bytes, never less than one sample (equal sizes, a
     divisor of the batch: one trace serves them all). Inputs that do not say their batch
-    axis (tensors of different first sizes, no tensor) are one piece."""
+    axis are one piece: no tensor, tensors of different first sizes, or one of fewer than
+    two axes (an unbatched sequence: its first axis is its tokens, which attend to each
+    other)."""
     leaves, spec = pytree.tree_flatten(inputs)
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-    if not tensors or any(x.ndim == 0 for x in tensors) or len({x.shape[0] for x in tensors}) != 1:
+    if not tensors or any(x.ndim < 2 for x in tensors) or len({x.shape[0] for x in tensors}) != 1:
         return [inputs]
     n = tensors[0].shape[0]
     rows = max(1, _token_ids(inputs).numel() // n) if _token_ids(inputs) is not None else 1
