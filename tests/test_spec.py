@@ -296,28 +296,23 @@ def test_outputs_are_read_written_and_checked_against_the_schema() -> None:
     import jsonschema
     import yaml
 
-    text = MINIMAL.replace("name: tiny\n", "name: tiny\noutputs: [logits]\n")
-    spec = loads_spec(text)
+    def with_line(line: str) -> str:
+        return MINIMAL.replace("name: tiny\n", f"name: tiny\n{line}\n")
+
+    spec = loads_spec(with_line("outputs: [logits]"))
     assert spec.outputs == ("logits",) and loads_spec(MINIMAL).outputs == ()
     assert loads_spec(dump_spec(spec)) == spec and "outputs: [logits]" in dump_spec(spec)
-    jsonschema.validate(yaml.safe_load(text), json_schema())
-    assert loads_spec(MINIMAL.replace("name: tiny\n", "name: tiny\noutputs: logits\n")).outputs == ("logits",)
+    jsonschema.validate(yaml.safe_load(with_line("outputs: [logits]")), json_schema())
+    assert loads_spec(with_line("outputs: logits")).outputs == ("logits",)
     for bad in ("outputs: [logits, logits]", "outputs: [1]", "outputs: {a: 1}", "outputs: ['']"):
-        errs = errors_of(MINIMAL.replace("name: tiny\n", f"name: tiny\n{bad}\n"))
+        errs = errors_of(with_line(bad))
         assert len(errs) == 1 and "outputs must be a list of distinct output names" in errs[0], (bad, errs)
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(yaml.safe_load(MINIMAL.replace("name: tiny\n", "name: tiny\noutputs: [a, a]\n")), json_schema())
+        jsonschema.validate(yaml.safe_load(with_line("outputs: [a, a]")), json_schema())
 
 
 def test_a_fold_norm_reader_may_have_captures_the_gain_lacks_but_its_bias_no_others() -> None:
-    base = """\
-symspec: 1
-name: tiny
-dims:
-  d: 4
-spaces:
-  resid: O(d)
-params:
+    base = MINIMAL.replace("  w: [resid, resid*]\n", """\
   blocks.{i}.w: [resid, resid*]
   blocks.{i}.b: [resid]
   norm.weight: invariant
@@ -327,7 +322,7 @@ canonicalize:
       fold_bias: false
       into:
         - {weight: "blocks.{i}.w", axis: 1%s}
-"""
+""")
     assert loads_spec(base % "").canonicalize  # one gain, a reader in every block
     assert loads_spec(base % ', bias: "blocks.{i}.b"').canonicalize
     errs = errors_of(base % ', bias: "blocks.{j}.b"')

@@ -175,7 +175,8 @@ def micro_batches(inputs: Any, width: int, dtype: torch.dtype, limit: int = MICR
     if not tensors or any(x.ndim < 2 for x in tensors) or len({x.shape[0] for x in tensors}) != 1:
         return [inputs]
     n = tensors[0].shape[0]
-    rows = max(1, _token_ids(inputs).numel() // n) if _token_ids(inputs) is not None else 1
+    ids = _token_ids(inputs)
+    rows = max(1, ids.numel() // n) if ids is not None else 1
     cap = max(1, limit // (rows * width * torch.empty((), dtype=dtype).element_size()))
     per = max(d for d in range(1, min(cap, n) + 1) if n % d == 0)
     if per == n:

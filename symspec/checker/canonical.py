@@ -107,7 +107,7 @@ class _StepByStep:
         self.views = {k: v.detach() for k, v in self.live.items()}
 
     def forward(self) -> list[torch.Tensor]:
-        return forward_outputs(self.work, self.inputs, self.dt, self.keep, self.bound.spec.outputs)
+        return forward_outputs(self.work, self.inputs, self.dt, self.keep, self.bound.problem.outputs)
 
     def failing(self, rtol: float) -> tuple[dict[int, list[tuple[CanonOp, float]]], dict[int, str]]:
         """The ops that change the function, with their error, by the spec's step; and for

@@ -182,7 +182,7 @@ class LocalModels:
         self.weights = Weights(bound, original)
         self.inputs = inputs
         self.dtypes = dtypes
-        self.outputs = bound.spec.outputs  # the spec's outputs: those compared (all where empty)
+        self.outputs = bound.problem.outputs  # the spec's outputs: those compared (all where empty)
         self.keep = KeepFloat64(rewrite=exact64)
         self.exact64 = exact64
         self.recs: dict[str, Recording] = {}

@@ -81,7 +81,7 @@ def check(model: torch.nn.Module, spec: Spec | BoundSpec, inputs: Any, *, sample
         opts = dict(samples=samples, seed=seed, cond=cond)
         return _check_local(local, model, bound, inputs, report, declared, tol, say, source, opts)
     say("copying the model")
-    models = Models(model, inputs, dtypes, exact64, bound.spec.outputs)
+    models = Models(model, inputs, dtypes, exact64, bound.problem.outputs)
     ref = _reference_outputs(models, dtypes, f"{source}: " if source else "")
     casts = models.keep.summary() if models.keep.count else ""  # one forward pass's worth
     say("canonicalising")
