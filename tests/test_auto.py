@@ -263,3 +263,26 @@ def test_universe_matching_rounds_can_align_with_auto(cli_pair: dict[str, Any]) 
         own = load_model(path, factory=cli_pair["model"]).model
         res.canonical_model.load_state_dict(aligned)
         torch.testing.assert_close(res.canonical_model(x), own(x), rtol=1e-4, atol=1e-4)
+
+
+def test_cli_universe_with_data_runs_on_bfloat16_folders(tmp_path: Any) -> None:
+    """A bfloat16 Hugging Face Llama pair (rotary, grouped-query heads), aligned by the
+    data-driven methods in universe rounds: the reference module each round runs is in
+    the run's working dtype (float32), as its states are. Failed before with 'Tensor
+    dtype mismatch' (activation) and 'linalg.inv: Low precision dtypes' (auto, the
+    default with --data)."""
+    pytest.importorskip("transformers")
+    from tests.cli_files import run
+    from tests.zoo import ZOO
+
+    for seed in (0, 1):
+        model, _ = ZOO["llama"](seed=seed)
+        model.to(torch.bfloat16).save_pretrained(tmp_path / f"m{seed}", max_shard_size="20KB")
+    vocab = model.config.vocab_size
+    (tmp_path / "t.txt").write_text("".join(chr(48 + (i * 7919) % vocab) for i in range(4000)))
+    base = ["universe", tmp_path / "m0", tmp_path / "m1", "--rounds", "1", "--data", f"text:{tmp_path / 't.txt'},block=8",
+            "--max-samples", "32", "--json"]
+    for method in ([], ["--method", "activation"]):
+        code, out, err = run(*base, *method, "--out", tmp_path / f"u{len(method)}")
+        assert code == 0, err
+        assert json.loads(out)["method"] == ("activation" if method else "auto")

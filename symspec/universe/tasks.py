@@ -187,17 +187,22 @@ def alignment_method(name: str) -> Any:
 
 
 @functools.lru_cache(maxsize=1)
-def _reference_module(source: str, factory: str | None, spec: Any) -> Any:
-    """The reference model in canonical form (its weights do not matter: methods run it
-    with the states they are given), loaded once per worker."""
+def _reference_module(source: str, factory: str | None, spec: Any, dtype: str) -> Any:
+    """The reference model in canonical form, in the run's working dtype (its weights do
+    not matter: methods run it with the states they are given, which are in that dtype;
+    a bfloat16 folder's module would meet float32 states), loaded once per worker."""
     model = loading.load_model(source, factory=factory).model
-    return canonicalize_model(bind(spec, model), model).eval()
+    module = canonicalize_model(bind(spec, model), model).eval()
+    work = getattr(torch, dtype)
+    if any(p.is_floating_point() and p.dtype != work for p in module.parameters()):
+        module = module.to(work)
+    return module
 
 
 def _module(cfg: RunConfig) -> Any:
     if cfg.module is not None or cfg.module_source is None:
         return cfg.module
-    return _reference_module(cfg.module_source, cfg.factory, cfg.spec)
+    return _reference_module(cfg.module_source, cfg.factory, cfg.spec, cfg.dtype)
 
 
 def align(task: Task, cfg: RunConfig, searched: Any) -> Result:
