@@ -5,10 +5,12 @@ embedding rows for ``weight-tokens``."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 import torch
 from torch.utils import _pytree as pytree
 
@@ -18,12 +20,26 @@ from ..graph import SiteRecorder, read_sites
 from ..groups import Experts, Heads
 from ..problem import Problem
 from ..process import available_memory, reused_heap
-from ..solvers import MatchEvent, Timer, match_weights
+from ..solvers import MatchEvent, Timer, WeightOptions, match_weights
 from ..solvers.engine.activation_statistics import (
     ActivationMoments,
     activation_terms,
     combined_problem,
+    head_ridges,
+    mix_scale,
+    site_stats,
 )
+from ..solvers.engine.base import SolveContext
+from ..solvers.engine.rounding import sqnorm
+from ..solvers.engine.site_statistics import (
+    CombinedStatistics,
+    SiteStatistics,
+    SiteStats,
+    merge_site_stats,
+    site_statistics_supported,
+)
+from ..solvers.engine.weight_statistics import WeightStatistics
+from ..statedict import working_dtype
 from .activation import ActivationMatching, TokenWeightedMatching, options_of
 from .protocol import Alignment, AlignOptions, Endpoint
 
@@ -47,7 +63,9 @@ def align_activation(method: ActivationMatching, problem: Problem, a: Endpoint, 
         if shared is not None:
             shared.update(key=key, moments=moments)
     described = moments.describe()
-    release = shared is None  # each site's moments are let go as soon as it is factored, unless shared
+    release = shared is None  # each site's moments are let go as soon as it is read, unless shared
+    if _on_sites(problem, moments):
+        return _align_on_sites(method, problem, a, b, options, opts, moments, described, release, timer)
     with timer("factor"):
         if method.combine:
             terms = combined_problem(problem, a.state, b.state, moments, mix=opts.mix, normalize=opts.normalize,
@@ -61,13 +79,67 @@ def align_activation(method: ActivationMatching, problem: Problem, a: Endpoint, 
                         timer=timer, options=opts.solver)
     # the Gram-free sites' tensors count part of A's energy twice: the real objective is lower by that
     history = [h - terms.offset for h in res.history]
+    return Alignment(res.elements, history, res.timings, res.converged, None,
+                     _info(method, problem, moments, described, opts, "factored"))
+
+
+def _info(method: ActivationMatching, problem: Problem, moments: ActivationMoments, described: dict[str, Any],
+          opts: Any, form: str) -> dict[str, Any]:
     seen = {s for site in moments.sites.values() for s in site.spaces()}
-    info = {"statistics": described, "normalize": opts.normalize,
+    info = {"statistics": described, "normalize": opts.normalize, "form": form,
             "spaces_without_sites": sorted(set(problem.spaces) - seen),
             "parts_without_sites": _parts_without_sites(problem, moments.sites.values())}
     if method.combine:
         info["mix"] = opts.mix
-    return Alignment(res.elements, history, res.timings, res.converged, None, info)
+    return info
+
+
+def _on_sites(problem: Problem, moments: ActivationMoments) -> bool:
+    """Whether the sites are read as statistics (:mod:`~symspec.solvers.engine.site_statistics`)
+    rather than factored into tensors: every site's moments kept per segment, and the
+    factors acting on them of the kinds that reads."""
+    return all(len(m.index) == len(moments.sites[n].axis.segments) for n, m in moments.moments.items()) \
+        and site_statistics_supported(problem, moments.sites.values())
+
+
+def _align_on_sites(method: ActivationMatching, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions,
+                    opts: Any, moments: ActivationMoments, described: dict[str, Any], release: bool,
+                    timer: Timer) -> Alignment:
+    """The descent on the sites' statistics (and, combined, the weights' own), added."""
+    ref = next((t for t in a.state.values() if t.is_floating_point()), None)
+    dtype = options.dtype or working_dtype(ref.dtype if ref is not None else torch.float32)
+    with timer("factor"):
+        stats, energy = site_stats(problem, moments, normalize=opts.normalize, dtype=dtype, release=release,
+                                   progress=options.progress)
+        if method.combine:
+            w_energy = math.fsum(sqnorm(a.state[p]) + sqnorm(b.state[p]) for p in problem.params)
+            a_energy = math.fsum(s.energy() for s in stats)
+            s2 = mix_scale(opts.mix, w_energy, a_energy) ** 2
+            stats = [SiteStats(s.name, [blk.scaled(s2) for blk in s.blocks]) for s in stats]
+            weights_problem, sd_a, sd_b = problem, a.state, b.state
+        else:
+            ridges = head_ridges(problem, energy, opts.ridge, dtype) if opts.ridge > 0 else []
+            weights_problem = attrs.evolve(problem, params={r.name: r for r, _ in ridges}, ties=(), invariants=())
+            sd_a = {r.name: t for r, t in ridges}
+            sd_b = {r.name: t.clone() for r, t in ridges}
+        stats = merge_site_stats(stats)
+    solver = opts.solver or WeightOptions()
+    if solver.own_b:
+        solver = attrs.evolve(solver, own_b=False)  # B's tensors stay the caller's: the sites are the provider's
+
+    def factory(prob: Problem, ctx: SolveContext, init: Any) -> Any:
+        sites = SiteStatistics(prob, stats, ctx, init)
+        if not weights_problem.params:
+            return sites
+        weights = WeightStatistics(weights_problem, sd_a, sd_b, ctx, init, trial_bytes=solver.trial_bytes)
+        return CombinedStatistics(prob, [weights, sites])
+
+    res = match_weights(problem, sd_a, sd_b, rounds=options.rounds, tol=options.tol, device=options.device,
+                        dtype=dtype, init=options.init, progress=options.progress, timer=timer, options=solver,
+                        provider=factory)
+    info = _info(method, problem, moments, described, opts, "sites")
+    info["merged_sites"] = len(stats)
+    return Alignment(res.elements, res.history, res.timings, res.converged, None, info)
 
 
 def align_token_weighted(method: TokenWeightedMatching, problem: Problem, a: Endpoint, b: Endpoint,

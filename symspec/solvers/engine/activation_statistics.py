@@ -49,7 +49,7 @@ from .descent import MatchEvent
 from .rounding import sqnorm
 
 __all__ = ["ActivationMoments", "ActivationTerms", "SiteMoments", "activation_problem", "activation_terms", "combined_problem",
-           "needs_gram"]
+           "mix_scale", "needs_gram", "site_stats"]
 
 NORMALIZE = ("correlation", "none")
 
@@ -181,6 +181,20 @@ class SiteMoments:
             c = (c / n - torch.outer(ma, mb)) * torch.outer(inv_a[idx], ib)
             out.append((c, None if g is None else g * torch.outer(ib, ib), var_b * ib.square()))
         return out, (inv_a > 0).sum().to(torch.float64)
+
+
+    def block_means(self, normalize: bool) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]]:
+        """:meth:`means` per block, with A's energy per feature: ``(C, G or None, diag G,
+        E[a_i^2])`` (standardised: 1 for every feature that varies, 0 for a constant one)."""
+        blocks, _ = self.means(normalize)
+        n = max(self.count, 1)
+        if normalize:
+            mu_a = self.sum_a / n
+            var_a = (self.sq_a / n - mu_a.square()).clamp_min(0)
+            per = (_inverse_sd(var_a.sqrt()) > 0).to(torch.float64)
+        else:
+            per = self.sq_a / n
+        return [(c, g, d, per[idx]) for (c, g, d), idx in zip(blocks, self.index)]
 
 
 def needs_gram(problem: Problem, segment: Segment) -> bool:
@@ -413,6 +427,42 @@ def activation_terms(problem: Problem, moments: ActivationMoments, *, normalize:
     return ActivationTerms(attrs.evolve(problem, params=params, ties=(), invariants=()), sd_a, sd_b, offset, total)
 
 
+def site_stats(problem: Problem, moments: ActivationMoments, *, normalize: str = "correlation",
+               dtype: torch.dtype = torch.float32, release: bool = False,
+               progress: Callable[[Any], None] | None = None) -> tuple[list[Any], dict[str, list[float]]]:
+    """Every site's moments as :class:`~.site_statistics.SiteStats` (means per token, in
+    ``dtype``; standardised where ``normalize`` is ``correlation`` and every space of the
+    site is a permutation group), for :class:`~.site_statistics.SiteStatistics`; and, per
+    space, B's mean energy per feature of each of its sites (the ridge's scale).
+    ``release``: each site's moments are dropped as soon as it is read."""
+    from .site_statistics import SiteBlock, SiteStats
+
+    if normalize not in NORMALIZE:
+        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
+    out = []
+    energy: dict[str, list[float]] = {}
+    sites = list(moments.sites.items())
+    for i, (name, site) in enumerate(sites):
+        if progress is not None:
+            progress(MatchEvent("factor", 0, 0, space=name, done=i, total=len(sites)))
+        m = moments.moments.get(name)
+        if m is None or m.count == 0 or not site.spaces() <= set(problem.spaces):
+            continue
+        corr = normalize == "correlation" and _permutation_only(problem, site)
+        blocks = []
+        b_trace = 0.0
+        for seg, (c, g, gd, asq) in zip(site.axis.segments, m.block_means(corr)):
+            blocks.append(SiteBlock(seg, c.to(dtype), None if g is None else g.to(dtype), gd.to(dtype), asq.to(dtype)))
+            b_trace += float(gd.sum())
+            del c, g
+        if release:
+            del moments.moments[name], m
+        out.append(SiteStats(name, blocks))
+        for space in site.spaces():
+            energy.setdefault(space, []).append(b_trace / max(site.size, 1))
+    return out, energy
+
+
 def activation_problem(problem: Problem, moments: ActivationMoments, *, normalize: str = "correlation",
                        dtype: torch.dtype = torch.float32, scale: float = 1.0, ridge: float = 0.0,
                        ) -> tuple[Problem, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -453,6 +503,14 @@ def head_ridges(problem: Problem, energy: Mapping[str, list[float]], ridge: floa
     return out
 
 
+def mix_scale(mix: float, weights_energy: float, sites_energy: float) -> float:
+    """The factor on the activation terms that makes their real energy ``mix`` times the
+    weights' (1 where either is zero)."""
+    if sites_energy > 0 and weights_energy > 0:
+        return math.sqrt(mix * weights_energy / sites_energy)
+    return 1.0
+
+
 def combined_problem(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor],
                      moments: ActivationMoments, *, mix: float = 1.0, normalize: str = "correlation",
                      release: bool = False, progress: Callable[[Any], None] | None = None) -> ActivationTerms:
@@ -462,8 +520,7 @@ def combined_problem(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: M
     dtype = next((sd_a[p].dtype for p in problem.params), torch.float32)
     act = activation_terms(problem, moments, normalize=normalize, dtype=dtype, release=release, progress=progress)
     w_energy = math.fsum(sqnorm(sd_a[p]) + sqnorm(sd_b[p]) for p in problem.params)
-    a_energy = act.energy
-    s = math.sqrt(mix * w_energy / a_energy) if a_energy > 0 and w_energy > 0 else 1.0
+    s = mix_scale(mix, w_energy, act.energy)
     params = {**problem.params, **act.problem.params}
     out_a = {**{p: sd_a[p] for p in problem.params}, **{p: t * s for p, t in act.sd_a.items()}}
     out_b = {**{p: sd_b[p] for p in problem.params}, **{p: t * s for p, t in act.sd_b.items()}}

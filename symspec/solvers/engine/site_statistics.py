@@ -1,0 +1,389 @@
+"""Activation sites as statistics: a :class:`~.statistics.StatisticsProvider` that reads
+each site's second moments directly, never a tensor per site.
+
+The first design (:func:`~.activation_statistics.activation_terms`) factors every site's
+moments into a pair of bound (features x rank) tensors and hands them to the weights'
+provider. A site that needs no Gram (a permutation, an orthogonal map, a diagonal
+scaling: most of a Transformer's) then holds two dense n x n tensors, one of them a
+diagonal, and a site with two factors (``mlp[i] @ up[i]``) is multiplied out again
+every round (an f x f x f product per site and round: 230 GFLOP at Qwen2-0.5B's 4864
+units, three such sites per layer).
+
+Here a site keeps, per block of its axis (a segment), what every solver reads:
+
+- ``cross = E[a b^T]`` and, where a factor is not orthogonal, ``gram = E[b b^T]``;
+  otherwise only its diagonal ``gdiag`` (all a monomial or orthogonal action reads);
+- ``asq``: ``E[a_i^2]`` per feature.
+
+A space's :class:`~.base.StatTerm` is the block with the factors acting after the space
+undone on A's side (permutations only: then A's per-feature energies follow) and those
+acting before it applied to B's side (on the statistics: ``C R^T``, ``R G R^T``). The
+objective of a site is ``sum_blocks E||a||^2 - 2 <rho(g), C> + E||rho(g) b||^2`` from
+the same statistics, in float64; its rounding level is the statistics' own precision
+times the size of those three terms (they cancel).
+
+:func:`site_statistics_supported` says whether every site of a problem can be
+read this way (the factors acting after a space on a segment are permutations); the
+activation methods fall back to the factored tensors where not.
+:class:`CombinedStatistics` adds providers (the weights' terms and the sites' terms of
+``weight+activation``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Set
+from typing import Any
+
+import attrs
+import torch
+
+from ...groups import Element
+from ...problem import Incidence, Problem, Segment, Site
+from .base import SolveContext, StatTerm, Term
+from .statistics import StatisticsProvider, Trial, Value, same_element
+from .weight_statistics import joint_pairs
+
+__all__ = ["CombinedStatistics", "SiteBlock", "SiteStatistics", "SiteStats", "merge_site_stats",
+           "site_statistics_supported"]
+
+
+@attrs.define
+class SiteBlock:
+    """One segment of a site: its statistics in the segment's (concatenated) order."""
+
+    segment: Segment
+    cross: torch.Tensor
+    gram: torch.Tensor | None
+    gdiag: torch.Tensor
+    asq: torch.Tensor
+
+    @property
+    def bytes(self) -> int:
+        held = [self.cross, self.gdiag, self.asq, *([self.gram] if self.gram is not None else [])]
+        return sum(t.numel() * t.element_size() for t in held)
+
+    def scaled(self, s2: float) -> SiteBlock:
+        g = None if self.gram is None else self.gram * s2
+        return SiteBlock(self.segment, self.cross * s2, g, self.gdiag * s2, self.asq * s2)
+
+
+@attrs.define
+class SiteStats:
+    """A site's blocks (``names``: the sites whose statistics were added into these,
+    :func:`merge_site_stats`)."""
+
+    name: str
+    blocks: list[SiteBlock]
+    names: tuple[str, ...] = ()
+
+    @property
+    def bytes(self) -> int:
+        return sum(b.bytes for b in self.blocks)
+
+    def energy(self) -> float:
+        """``E||a||^2 + E||b||^2``."""
+        return math.fsum(float(b.asq.double().sum()) + float(b.gdiag.double().sum()) for b in self.blocks)
+
+    def structure(self) -> tuple[Any, ...]:
+        return tuple((b.segment, b.gram is not None) for b in self.blocks)
+
+
+def merge_site_stats(stats: Iterable[SiteStats]) -> list[SiteStats]:
+    """Sites whose blocks are acted on alike (the same segments, the same factors) added
+    into one: their objectives are sums of the same linear functions of the statistics
+    (a gated MLP's ``up`` output and ``down`` input, every residual read and write), so
+    the sum is the objective of their sum. Keeps the first's name."""
+    out: dict[tuple[Any, ...], SiteStats] = {}
+    for s in stats:
+        key = s.structure()
+        have = out.get(key)
+        if have is None:  # new blocks: the sums below never write into the caller's
+            out[key] = SiteStats(s.name, [attrs.evolve(b) for b in s.blocks], s.names or (s.name,))
+            continue
+        for mine, theirs in zip(have.blocks, s.blocks):
+            mine.cross = mine.cross + theirs.cross
+            mine.gdiag = mine.gdiag + theirs.gdiag
+            mine.asq = mine.asq + theirs.asq
+            if mine.gram is not None and theirs.gram is not None:
+                mine.gram = mine.gram + theirs.gram
+        have.names = (*have.names, *(s.names or (s.name,)))
+    return list(out.values())
+
+
+def _is_permutation(problem: Problem, space: str) -> bool:
+    si = problem.spaces.get(space)
+    return si is not None and si.group.permutation_subgroup() == si.group
+
+
+def site_statistics_supported(problem: Problem, sites: Iterable[Site]) -> bool:
+    """Whether :class:`SiteStatistics` reads every site of ``sites``: every space is the
+    problem's, and on each segment the factors acting after a space (``factors[:k]``)
+    are permutations, whose inverse moves A's per-feature energies as it moves the
+    features -- except the outer space of a joint pair, before its inner one (solved
+    with it, nothing undone)."""
+    sites = list(sites)
+    incidences: dict[str, list[Incidence]] = defaultdict(list)
+    for site in sites:
+        for seg in site.axis.segments:
+            if any(f.space not in problem.spaces for f in seg.factors):
+                return False
+            for pos, f in enumerate(seg.factors):
+                incidences[f.space].append(Incidence(f"site:{site.name}", 0, seg, pos))
+    pairs = joint_pairs(problem, incidences)
+    for site in sites:
+        for seg in site.axis.segments:
+            f = seg.factors
+            for pos in range(1, len(f)):
+                if pos == 1 and pairs.get(f[0].space) == f[1].space:
+                    continue
+                if not all(_is_permutation(problem, x.space) for x in f[:pos]):
+                    return False
+    return True
+
+
+def _on_device(b: SiteBlock, device: torch.device) -> SiteBlock:
+    g = None if b.gram is None else b.gram.to(device)
+    return SiteBlock(b.segment, b.cross.to(device), g, b.gdiag.to(device), b.asq.to(device))
+
+
+def _apply(problem: Problem, factors: Iterable[Any], x: torch.Tensor, elements: Mapping[str, Element],
+           inverse: bool = False) -> torch.Tensor:
+    """``x`` acted on (along its first axis) by ``factors``: the product, ``factors[-1]``
+    first; with ``inverse``, its inverse (``factors[0]`` undone first)."""
+    seq = list(factors) if inverse else list(reversed(list(factors)))
+    for f in seq:
+        g = problem.spaces[f.space].group
+        e = g.inverse(elements[f.space]) if inverse else elements[f.space]
+        x = g.apply(e, x, f.path, f.variance)  # type: ignore[arg-type]
+    return x
+
+
+def _cast(e: Element, dtype: torch.dtype) -> Element:
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in e.items()}
+
+
+class SiteStatistics:
+    """The objective ``sum_sites E||a - rho(g) b||^2`` from :class:`SiteStats` (see the
+    module), at ``init`` (None or a space left out: the identity)."""
+
+    def __init__(self, problem: Problem, sites: list[SiteStats], ctx: SolveContext,
+                 init: Mapping[str, Element] | None = None) -> None:
+        self.problem = problem
+        self.ctx = ctx
+        self.sites = {s.name: s for s in sites}
+        dev, dt = ctx.device, ctx.dtype
+        sites = [SiteStats(s.name, [_on_device(b, dev) for b in s.blocks], s.names) for s in sites]
+        self.elements: dict[str, Element] = {}
+        for name, si in problem.spaces.items():
+            e = init.get(name) if init else None
+            self.elements[name] = si.group.to(e, dtype=dt, device=dev) if e is not None else si.group.identity(dtype=dt, device=dev)
+        #: space -> its incidences (param: ``site:NAME``, axis 0, the block's segment)
+        self.incidences: dict[str, list[Incidence]] = defaultdict(list)
+        self._block: dict[tuple[str, Segment], SiteBlock] = {}
+        for s in sites:
+            for b in s.blocks:
+                self._block[(s.name, b.segment)] = b
+                for pos, f in enumerate(b.segment.factors):
+                    self.incidences[f.space].append(Incidence(f"site:{s.name}", 0, b.segment, pos))
+        self.values: dict[str, Value] = {}
+        self._objectives()
+
+    # -- the provider protocol ---------------------------------------------------------------
+    def active(self, space: str) -> bool:
+        return bool(self.incidences[space])
+
+    def pairs(self) -> dict[str, str]:
+        return joint_pairs(self.problem, self.incidences)
+
+    def objective(self) -> Mapping[str, Value]:
+        return self.values
+
+    def load(self, elements: Mapping[str, Element]) -> None:
+        self.elements = dict(elements)
+        self._objectives()
+
+    def evaluate(self, news: Mapping[str, Element]) -> Trial | None:
+        elems = dict(self.elements)
+        changed = False
+        for s, new in news.items():
+            changed = changed or not same_element(new, elems[s])
+            elems[s] = new
+        if not changed:
+            return None
+        names = list(dict.fromkeys(inc.param[5:] for s in news for inc in self.incidences[s]))
+        after = {n: self._value(self.sites[n], elems) for n in names}
+        before = tuple(self.values[f"site:{n}"] for n in names)
+        return Trial(before, tuple(after.values()), (after, elems))
+
+    def commit(self, trial: Trial) -> None:
+        after, elems = trial.state
+        self.values.update({f"site:{n}": v for n, v in after.items()})
+        self.elements = elems
+
+    # -- terms ---------------------------------------------------------------------------------
+    def terms(self, space: str, partner: str | None = None, trusted: Set[str] | None = None) -> list[Term]:
+        out: list[Term] = []
+        for inc, role, inner_var in self._roles(space, partner):
+            b = self._block[(inc.param[5:], inc.segment)]
+            f = inc.segment.factors
+            left = f[: inc.position]
+            right = f[inc.position + (2 if role == "pair" else 1):]
+            out.append(self._term(b, left, right, inc, role, inner_var))
+        return out
+
+    def _roles(self, space: str, partner: str | None) -> list[tuple[Incidence, str, str | None]]:
+        incs: list[tuple[Incidence, str, str | None]] = []
+        for inc in self.incidences[space]:
+            f = inc.segment.factors
+            nxt = f[inc.position + 1] if inc.position + 1 < len(f) else None
+            if partner is not None and nxt is not None and nxt.space == partner:
+                incs.append((inc, "pair", nxt.variance))
+            else:
+                incs.append((inc, "outer", None))
+        if partner is not None:
+            for inc in self.incidences[partner]:
+                if not (inc.position > 0 and inc.segment.factors[inc.position - 1].space == space):
+                    incs.append((inc, "inner", None))
+        return incs
+
+    def _term(self, b: SiteBlock, left: tuple[Any, ...], right: tuple[Any, ...], inc: Incidence, role: str,
+              inner_var: str | None) -> Term:
+        """The block as the space sees it: A with ``left`` undone (permutations: its
+        per-feature energies move with it), B with ``right`` applied."""
+        dt = self.ctx.dtype
+        el = self.elements
+        cross, asq = b.cross.to(dt), b.asq.to(dt)
+        if left:
+            cross = _apply(self.problem, left, cross, el, inverse=True)
+            asq = _apply(self.problem, left, asq[:, None], el, inverse=True)[:, 0]
+        if right:
+            cross = _apply(self.problem, right, cross.mT, el).mT
+        gram: torch.Tensor | Callable[[], torch.Tensor]
+        if b.gram is not None:
+            g = b.gram.to(dt)
+            if right:
+                g = _apply(self.problem, right, _apply(self.problem, right, g, el).mT, el)
+            gram, gdiag = g, g.diagonal()
+        else:
+            gd = b.gdiag.to(dt)
+            if right:  # diag(R D R^T): the rows of R D^1/2, squared and summed
+                gd = _apply(self.problem, right, torch.diag_embed(gd.clamp_min(0).sqrt()), el).square().sum(1)
+            gdiag = gd
+            gram = _lazy_diag(gd)
+        c = cross
+        term = StatTerm(inc.factor.path, inc.factor.variance, c, gram, asq, b_sq=gdiag.sum(), role=role,
+                        inner_variance=inner_var, gram_a=_lazy_gram_a(c, gram, gdiag))
+        term._cache["gram_diag"] = gdiag
+        return term
+
+    # -- the objective --------------------------------------------------------------------------
+    def _objectives(self) -> None:
+        with self.ctx.timer("objective"):
+            for s in self.sites.values():
+                self.values[f"site:{s.name}"] = self._value(s, self.elements)
+
+    def _value(self, site: SiteStats, elements: Mapping[str, Element]) -> Value:
+        """``sum_blocks E||a||^2 - 2 <rho, C> + E||rho b||^2`` in float64, and its level:
+        the statistics' precision times the terms that cancel."""
+        total = level = 0.0
+        f64 = torch.float64
+        el = {s: _cast(e, f64) for s, e in elements.items() if any(f.space == s for b in site.blocks for f in b.segment.factors)}
+        for b in site.blocks:
+            eps = torch.finfo(b.cross.dtype).eps
+            factors = b.segment.factors
+            a_sq = float(b.asq.to(f64).sum())
+            dot = float(_apply(self.problem, factors, b.cross.to(f64).mT, el).diagonal().sum())
+            if b.gram is not None:
+                g = b.gram.to(f64)
+                b_sq = float(_apply(self.problem, factors, _apply(self.problem, factors, g, el).mT, el).diagonal().sum())
+            elif all(self.problem.spaces[f.space].group.is_orthogonal(f.path) and f.variance != "abs" for f in factors):
+                b_sq = float(b.gdiag.to(f64).sum())
+            else:
+                root = torch.diag_embed(b.gdiag.to(f64).clamp_min(0).sqrt())
+                b_sq = float(_apply(self.problem, factors, root, el).square().sum())
+            total += a_sq - 2 * dot + b_sq
+            level += 4 * eps * (abs(a_sq) + 2 * abs(dot) + abs(b_sq))
+        return Value(max(total, 0.0), level)
+
+
+def _lazy_diag(gd: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return lambda: torch.diag_embed(gd)
+
+
+def _lazy_gram_a(cross: torch.Tensor, gram: Any, gdiag: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A's Gram as B's features explain it, ``C G^+ C^T`` (what the factored tensors'
+    ``L_A L_A^T`` is): the equation-error start of a GL solve reads it."""
+
+    def build() -> torch.Tensor:
+        from .activation_statistics import _diag_roots, _gram_roots
+
+        c = cross.double()
+        if callable(gram):
+            la, _ = _diag_roots(c, gdiag.double())
+        else:
+            la, _ = _gram_roots(c, gram.double())
+        return (la @ la.mT).to(cross.dtype)
+
+    return build
+
+
+class CombinedStatistics:
+    """Providers added: their terms for a space listed together, their objectives'
+    parts side by side (named apart), one set of elements."""
+
+    def __init__(self, problem: Problem, providers: list[StatisticsProvider]) -> None:
+        self.problem = problem
+        self.providers = providers
+
+    @property
+    def elements(self) -> dict[str, Element]:
+        return self.providers[0].elements
+
+    def active(self, space: str) -> bool:
+        return any(p.active(space) for p in self.providers)
+
+    def pairs(self) -> dict[str, str]:
+        """Joint pairs over every provider's incidences (where they say them; otherwise
+        the first provider's pairs that no other contradicts)."""
+        incs = [getattr(p, "incidences", None) for p in self.providers]
+        if all(i is not None for i in incs):
+            merged: dict[str, list[Incidence]] = defaultdict(list)
+            for i in incs:
+                for s, xs in i.items():  # type: ignore[union-attr]
+                    merged[s].extend(xs)
+            return joint_pairs(self.problem, merged)
+        out: dict[str, str] = {}
+        for p in self.providers:
+            for s, t in p.pairs().items():
+                if not {s, t} & (set(out) | set(out.values())):
+                    out[s] = t
+        return out
+
+    def terms(self, space: str, partner: str | None = None, trusted: Set[str] | None = None) -> list[Term]:
+        return [t for p in self.providers if p.active(space) or (partner is not None and p.active(partner))
+                for t in p.terms(space, partner, trusted)]
+
+    def objective(self) -> Mapping[str, Value]:
+        out: dict[str, Value] = {}
+        for i, p in enumerate(self.providers):
+            out.update({f"{i}:{k}": v for k, v in p.objective().items()})
+        return out
+
+    def evaluate(self, news: Mapping[str, Element]) -> Trial | None:
+        trials = [p.evaluate(news) for p in self.providers]
+        if all(t is None for t in trials):
+            return None
+        before = tuple(v for t in trials if t is not None for v in t.before)
+        after = tuple(v for t in trials if t is not None for v in t.after)
+        return Trial(before, after, trials)
+
+    def commit(self, trial: Trial) -> None:
+        for p, t in zip(self.providers, trial.state):
+            if t is not None:
+                p.commit(t)
+
+    def load(self, elements: Mapping[str, Element]) -> None:
+        for p in self.providers:
+            p.load(elements)
