@@ -104,8 +104,8 @@ def test_the_activation_candidates_share_one_pass_of_statistics(pair: dict[str, 
     import symspec.alignment.moments as moments
 
     calls: list[int] = []
-    real = moments.collect_moments
-    monkeypatch.setattr(moments, "collect_moments", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = moments.collect_site_stats
+    monkeypatch.setattr(moments, "collect_site_stats", lambda *a, **k: calls.append(1) or real(*a, **k))
     res = _auto(pair, candidates=("activation", "weight+activation"))
     assert len(calls) == 1 and len(_scores(res)) == 2
     calls.clear()  # the negative: each alone collects its own

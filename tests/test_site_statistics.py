@@ -16,7 +16,8 @@ import torch
 
 import symspec
 import symspec.alignment.moments as mo
-from symspec.alignment.moments import _on_sites, collect_moments
+from symspec.alignment.moments import collect_moments, collect_site_stats
+from symspec.errors import SymspecInputError
 from symspec.problem import Factor, Segment, Site
 from symspec.solvers.engine.activation_statistics import site_stats
 from symspec.solvers.engine.base import SolveContext, Timer
@@ -87,7 +88,8 @@ def test_merged_sites_give_the_sum_of_their_objectives() -> None:
 
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("method", ["activation", "weight+activation"])
-def test_alignment_on_the_statistics_follows_the_factored_descent(name: str, method: str) -> None:
+def test_alignment_on_the_statistics_follows_the_factored_descent(name: str, method: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from symspec.alignment import ActivationOptions
 
     canon, _, _, sb, data = _pair(name)
@@ -95,14 +97,11 @@ def test_alignment_on_the_statistics_follows_the_factored_descent(name: str, met
     b.load_state_dict(sb)
     runs = {}
     for form in ("factored", "sites"):
-        keep = mo._on_sites
-        if form == "factored":
-            mo._on_sites = lambda *args: False  # type: ignore[assignment]
-        try:
+        with monkeypatch.context() as m:
+            if form == "factored":  # what a site whose factors the statistics cannot read gets
+                m.setattr(mo, "site_statistics_supported", lambda *args: False)
             runs[form] = symspec.align(canon, b, name, method=method, data=data, rounds=3, tol=0.0,
                                        options=ActivationOptions(ridge=1e-3))
-        finally:
-            mo._on_sites = keep  # type: ignore[assignment]
         assert runs[form].info["form"] == form
     assert runs["sites"].history == pytest.approx(runs["factored"].history, rel=1e-6)
     assert runs["sites"].history[-1] < runs["sites"].history[0]  # it descends
@@ -112,10 +111,9 @@ def test_sites_are_read_as_statistics_only_where_the_factors_allow_it() -> None:
     canon, bound, sa, sb, data = _pair("llama", batches=1)
     problem = bound.problem
     moments = collect_moments(canon, problem, sa, sb, data)
-    assert _on_sites(problem, moments)
+    assert site_statistics_supported(problem, moments.sites.values())
     perm = next(s for s in problem.spaces if s.startswith("mlp"))
     scale = next(s for s in problem.spaces if s.startswith("up"))
-    resid = "resid"
     n = 8
 
     def site(*spaces: str) -> Site:
@@ -124,14 +122,73 @@ def test_sites_are_read_as_statistics_only_where_the_factors_allow_it() -> None:
         return Site("x", "x", "pre", "p", AxisBinding(0, (Segment(0, n, tuple(Factor(s) for s in spaces)),)))
 
     assert site_statistics_supported(problem, [site(perm, scale)])  # the joint pair
-    assert site_statistics_supported(problem, [site(resid)])
+    assert site_statistics_supported(problem, [site("resid")])
     # an orthogonal map acting after a scaling: A's energies per feature do not follow it
-    assert not site_statistics_supported(problem, [site(resid, scale)])
+    assert not site_statistics_supported(problem, [site("resid", scale)])
     assert not site_statistics_supported(problem, [site("no such space")])
-    # unsplit moments (one block for a site of several segments) are factored instead
-    from symspec.solvers.engine.activation_statistics import ActivationMoments
 
-    canon, bound, sa, sb, data = _pair("nanogpt", batches=1)  # c_attn's site: q, k, v segments
-    split = collect_moments(canon, bound.problem, sa, sb, data)
-    assert _on_sites(bound.problem, split)
-    assert not _on_sites(bound.problem, ActivationMoments.empty(split.sites.values()))
+
+def _collect(name: str, available: int | None = None, batches: int = 3) -> mo.SiteCollection:
+    canon, bound, sa, sb, data = _pair(name, batches=batches)
+    out = collect_site_stats(canon, bound.problem, sa, sb, data, dtype=torch.float64, available=available)
+    assert out is not None
+    return out
+
+
+def _staged(name: str) -> tuple[mo.SiteCollection, mo.SiteCollection, int]:
+    """One pass; the same in stages, with the least memory (in steps) that runs it; that memory."""
+    one = _collect(name)
+    for factor in (1.5, 2, 2.5, 3, 4, 6, 8, 12):
+        budget = int(one.described["bytes"] * factor)
+        try:
+            many = _collect(name, available=budget)
+        except SymspecInputError as e:
+            assert "need about" in str(e) and "more than the" in str(e)
+            continue
+        if many.described["stages"] > 1:
+            return one, many, budget
+    raise AssertionError("no budget split the pass")
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_statistics_collected_in_stages_equal_those_of_one_pass(name: str) -> None:
+    one, many, _ = _staged(name)
+    assert one.described["stages"] == 1 and many.described["stages"] > 1
+    assert many.described["stage_bytes"] < one.described["stage_bytes"]  # what one stage holds at once
+    assert [s.name for s in many.stats] == [s.name for s in one.stats]
+    for x, y in zip(one.stats, many.stats):
+        assert x.names == y.names
+        for bx, by in zip(x.blocks, y.blocks):  # the same products in the same order: bit for bit
+            assert torch.equal(bx.cross, by.cross) and torch.equal(bx.asq, by.asq) and torch.equal(bx.gdiag, by.gdiag)
+            assert (bx.gram is None) == (by.gram is None)
+            if bx.gram is not None:
+                assert torch.equal(bx.gram, by.gram)
+    assert one.energy == many.energy
+
+
+def test_a_pass_whose_largest_site_does_not_fit_is_refused_in_one_line() -> None:
+    with pytest.raises(SymspecInputError, match=r"need about .* GB .*largest.*more than the .* GB this machine has free"):
+        _collect("llama", available=1000)
+    assert _collect("llama", available=None).described["stages"] == 1  # unknown memory: one pass
+
+
+def test_alignment_in_stages_gives_the_one_pass_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    from symspec.alignment import ActivationOptions
+
+    _, _, budget = _staged("llama")
+    canon, _, _, sb, data = _pair("llama")
+    b = copy.deepcopy(canon)
+    b.load_state_dict(sb)
+    results = []
+    for free in (None, budget):
+        with monkeypatch.context() as m:
+            if free is not None:
+                m.setattr(mo, "available_memory", lambda: budget)
+            results.append(symspec.align(canon, b, "llama", method="weight+activation", data=data, rounds=3,
+                                         options=ActivationOptions()))
+    whole, staged = results
+    assert staged.info["statistics"]["stages"] > 1 and whole.info["statistics"]["stages"] == 1
+    assert staged.history == whole.history
+    for space, e in whole.elements.items():
+        for k, v in e.items():
+            assert torch.equal(staged.elements[space][k], v), (space, k)

@@ -18,7 +18,7 @@ from ..checker import cast_inputs
 from ..errors import SymspecInputError
 from ..graph import SiteRecorder, read_sites
 from ..groups import Experts, Heads
-from ..problem import Problem
+from ..problem import Problem, Site
 from ..process import available_memory, reused_heap
 from ..solvers import MatchEvent, Timer, WeightOptions, match_weights
 from ..solvers.engine.activation_statistics import (
@@ -43,14 +43,40 @@ from ..statedict import working_dtype
 from .activation import ActivationMatching, TokenWeightedMatching, options_of
 from .protocol import Alignment, AlignOptions, Endpoint
 
-__all__ = ["align_activation", "align_token_weighted", "collect_moments", "micro_batches", "token_counts"]
+__all__ = ["SiteCollection", "align_activation", "align_token_weighted", "collect_moments", "collect_site_stats",
+           "micro_batches", "plan_stages", "token_counts"]
 
 
 def align_activation(method: ActivationMatching, problem: Problem, a: Endpoint, b: Endpoint,
                      options: AlignOptions) -> Alignment:
-    """:meth:`ActivationMatching.align`."""
+    """:meth:`ActivationMatching.align`: on the sites' statistics, collected in stages
+    (:func:`collect_site_stats`), or -- where a site's factors do not allow that
+    (:func:`~symspec.solvers.engine.site_statistics.site_statistics_supported`) -- on
+    the moments factored into tensors."""
     opts = options_of(options.tuning)
     timer = options.timer or Timer()
+    assert a.module is not None
+    shared = opts.moments
+    ref = next((t for t in a.state.values() if t.is_floating_point()), None)
+    dtype = options.dtype or working_dtype(ref.dtype if ref is not None else torch.float32)
+    key = ("sites", opts.batches, opts.sites, opts.normalize, dtype)
+    if shared is not None and shared.get("key") == key:
+        collection = shared["collection"]
+    else:
+        with timer("statistics"):
+            collection = collect_site_stats(a.module, problem, a.state, b.state, options.data, batches=opts.batches,
+                                            device=options.device, sites=opts.sites, normalize=opts.normalize,
+                                            dtype=dtype, progress=options.progress)
+        if collection is not None and shared is not None:
+            shared.update(key=key, collection=collection)
+    if collection is not None:
+        return _align_on_sites(method, problem, a, b, options, opts, collection, dtype, shared is None, timer)
+    return _align_factored(method, problem, a, b, options, opts, timer)
+
+
+def _align_factored(method: ActivationMatching, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions,
+                    opts: Any, timer: Timer) -> Alignment:
+    """The first design: every site's moments in one pass, factored into bound tensors."""
     assert a.module is not None
     shared = opts.moments
     key = (opts.batches, opts.sites)
@@ -63,9 +89,7 @@ def align_activation(method: ActivationMatching, problem: Problem, a: Endpoint, 
         if shared is not None:
             shared.update(key=key, moments=moments)
     described = moments.describe()
-    release = shared is None  # each site's moments are let go as soon as it is read, unless shared
-    if _on_sites(problem, moments):
-        return _align_on_sites(method, problem, a, b, options, opts, moments, described, release, timer)
+    release = shared is None  # each site's moments are let go as soon as it is factored, unless shared
     with timer("factor"):
         if method.combine:
             terms = combined_problem(problem, a.state, b.state, moments, mix=opts.mix, normalize=opts.normalize,
@@ -80,49 +104,51 @@ def align_activation(method: ActivationMatching, problem: Problem, a: Endpoint, 
     # the Gram-free sites' tensors count part of A's energy twice: the real objective is lower by that
     history = [h - terms.offset for h in res.history]
     return Alignment(res.elements, history, res.timings, res.converged, None,
-                     _info(method, problem, moments, described, opts, "factored"))
+                     _info(method, problem, moments.sites.values(), described, opts, "factored"))
 
 
-def _info(method: ActivationMatching, problem: Problem, moments: ActivationMoments, described: dict[str, Any],
+def _info(method: ActivationMatching, problem: Problem, sites: Any, described: dict[str, Any],
           opts: Any, form: str) -> dict[str, Any]:
-    seen = {s for site in moments.sites.values() for s in site.spaces()}
+    sites = list(sites)
+    seen = {s for site in sites for s in site.spaces()}
     info = {"statistics": described, "normalize": opts.normalize, "form": form,
             "spaces_without_sites": sorted(set(problem.spaces) - seen),
-            "parts_without_sites": _parts_without_sites(problem, moments.sites.values())}
+            "parts_without_sites": _parts_without_sites(problem, sites)}
     if method.combine:
         info["mix"] = opts.mix
     return info
 
 
-def _on_sites(problem: Problem, moments: ActivationMoments) -> bool:
-    """Whether the sites are read as statistics (:mod:`~symspec.solvers.engine.site_statistics`)
-    rather than factored into tensors: every site's moments kept per segment, and the
-    factors acting on them of the kinds that reads."""
-    return all(len(m.index) == len(moments.sites[n].axis.segments) for n, m in moments.moments.items()) \
-        and site_statistics_supported(problem, moments.sites.values())
+@attrs.define
+class SiteCollection:
+    """The sites' statistics as :func:`collect_site_stats` leaves them: ``stats`` (alike
+    sites added into one), ``energy`` (per space, B's mean energy per feature of each
+    site: the ridge's scale), ``sites`` (every site found) and ``described`` (what was
+    collected, and in how many stages)."""
+
+    stats: list[SiteStats]
+    energy: dict[str, list[float]]
+    sites: tuple[Site, ...]
+    described: dict[str, Any]
 
 
 def _align_on_sites(method: ActivationMatching, problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions,
-                    opts: Any, moments: ActivationMoments, described: dict[str, Any], release: bool,
-                    timer: Timer) -> Alignment:
-    """The descent on the sites' statistics (and, combined, the weights' own), added."""
-    ref = next((t for t in a.state.values() if t.is_floating_point()), None)
-    dtype = options.dtype or working_dtype(ref.dtype if ref is not None else torch.float32)
+                    opts: Any, collection: SiteCollection, dtype: torch.dtype, own: bool, timer: Timer) -> Alignment:
+    """The descent on the sites' statistics (and, combined, the weights' own), added.
+    ``own``: the collection is this call's alone (scaled in place)."""
+    stats = collection.stats
     with timer("factor"):
-        stats, energy = site_stats(problem, moments, normalize=opts.normalize, dtype=dtype, release=release,
-                                   progress=options.progress)
         if method.combine:
             w_energy = math.fsum(sqnorm(a.state[p]) + sqnorm(b.state[p]) for p in problem.params)
             a_energy = math.fsum(s.energy() for s in stats)
             s2 = mix_scale(opts.mix, w_energy, a_energy) ** 2
-            stats = [SiteStats(s.name, [blk.scaled(s2) for blk in s.blocks]) for s in stats]
+            stats = [SiteStats(s.name, [blk.scaled(s2, in_place=own) for blk in s.blocks], s.names) for s in stats]
             weights_problem, sd_a, sd_b = problem, a.state, b.state
         else:
-            ridges = head_ridges(problem, energy, opts.ridge, dtype) if opts.ridge > 0 else []
+            ridges = head_ridges(problem, collection.energy, opts.ridge, dtype) if opts.ridge > 0 else []
             weights_problem = attrs.evolve(problem, params={r.name: r for r, _ in ridges}, ties=(), invariants=())
             sd_a = {r.name: t for r, t in ridges}
             sd_b = {r.name: t.clone() for r, t in ridges}
-        stats = merge_site_stats(stats)
     solver = opts.solver or WeightOptions()
     if solver.own_b:
         solver = attrs.evolve(solver, own_b=False)  # B's tensors stay the caller's: the sites are the provider's
@@ -137,9 +163,8 @@ def _align_on_sites(method: ActivationMatching, problem: Problem, a: Endpoint, b
     res = match_weights(problem, sd_a, sd_b, rounds=options.rounds, tol=options.tol, device=options.device,
                         dtype=dtype, init=options.init, progress=options.progress, timer=timer, options=solver,
                         provider=factory)
-    info = _info(method, problem, moments, described, opts, "sites")
-    info["merged_sites"] = len(stats)
-    return Alignment(res.elements, res.history, res.timings, res.converged, None, info)
+    return Alignment(res.elements, res.history, res.timings, res.converged, None,
+                     _info(method, problem, collection.sites, collection.described, opts, "sites"))
 
 
 def align_token_weighted(method: TokenWeightedMatching, problem: Problem, a: Endpoint, b: Endpoint,
@@ -232,6 +257,155 @@ def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[
     finally:
         module.train(training)
     return moments
+
+
+#: memory kept free beside a staged pass's statistics, of what the machine has free: the
+#: descent after it holds B's working copy and the objective's temporaries
+STAGE_RESERVE = 0.15
+
+
+def collect_site_stats(module: torch.nn.Module, problem: Problem, state_a: Mapping[str, torch.Tensor],
+                       state_b: Mapping[str, torch.Tensor], data: Any, *, batches: int | None = None,
+                       device: torch.device | str = "cpu", sites: str = "read", normalize: str = "correlation",
+                       dtype: torch.dtype = torch.float32, progress: Callable[[MatchEvent], None] | None = None,
+                       micro_bytes: int = MICRO_BYTES, available: int | None = None) -> SiteCollection | None:
+    """The sites' statistics (:class:`~symspec.solvers.engine.site_statistics.SiteStats`,
+    per token, in ``dtype``), or None where a site's factors need the factored form
+    (:func:`collect_moments`).
+
+    The pass is split into *stages* along the graph (:func:`plan_stages`): the sites are
+    taken in the order the model computes them, as many per stage as the memory free
+    holds of their float64 moments and float32 accumulators (beside the statistics of
+    the stages done); each stage runs its span of the graph over every micro-batch, A's
+    and B's, from the values the span before left (a residual stream, kept per
+    micro-batch), so every node still runs once per micro-batch and model. At the end of
+    a stage its sites' moments become statistics in ``dtype`` (alike sites added into
+    one) and are let go. One stage where everything fits: a single pass.
+    ``available``: the bytes free to plan with (default: what the machine has free)."""
+    recorder = SiteRecorder(module, problem, select=read_sites if sites == "read" else None)
+    mdtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+    training = module.training
+    module.eval()
+    todo = [cast_inputs(inputs, mdtype) for inputs, _ in _batches(data, batches)]
+    say = progress or (lambda event: None)
+    try:
+        with reused_heap():
+            width = max((pb.shape[ab.axis] for pb in problem.params.values() for ab in pb.axes), default=1)
+            pieces = [micro_batches(inputs, width, mdtype, micro_bytes) for inputs in todo]
+            found = recorder.prepare(pieces[0][0])
+            if not found:
+                raise SymspecInputError(f"no activation site found in {type(module).__name__} for the spec's spaces")
+            if not site_statistics_supported(problem, found):
+                return None
+            planned = ActivationMoments.empty(found, "meta", problem)
+            features = _feature_bytes(found, pieces[0][0], mdtype)
+            stages = plan_stages(found, planned, recorder.order(pieces[0][0]), dtype, type(module).__name__,
+                                 available=available, features=features)
+            by_name = {s.name: s for s in found}
+            env_a: list[list[Any]] = [[None] * len(p) for p in pieces]
+            env_b: list[list[Any]] = [[None] * len(p) for p in pieces]
+            stats: list[SiteStats] = []
+            energy: dict[str, list[float]] = {}
+            total, done = 2 * len(stages) * sum(len(p) for p in pieces), 0
+            peak = 0
+            for k, names in enumerate(stages):
+                moments = ActivationMoments.empty([by_name[n] for n in names], device, problem)
+                peak = max(peak, moments.bytes)
+                last = k == len(stages) - 1
+                for i, micro in enumerate(pieces):
+                    for j, part in enumerate(micro):
+                        lo, hi = _span(recorder.order(part), stages, k)
+                        fa: dict[str, torch.Tensor] = {}
+                        say(MatchEvent("statistics", i + 1, len(todo), space="A", done=done, total=total))
+                        env = recorder.record_span(part, state_a, env_a[i][j], lo, hi, sink=_kept(fa, moments))
+                        env_a[i][j] = None if last else env
+                        say(MatchEvent("statistics", i + 1, len(todo), space="B", done=done + 1, total=total))
+                        env = recorder.record_span(part, state_b, env_b[i][j], lo, hi, sink=_streamed(moments, fa))
+                        env_b[i][j] = None if last else env
+                        done += 2
+                        del fa, env
+                    moments.end_batch()
+                moments.end_batches()
+                new, e = site_stats(problem, moments, normalize=normalize, dtype=dtype, release=True, progress=progress)
+                for space, xs in e.items():
+                    energy.setdefault(space, []).extend(xs)
+                stats = merge_site_stats([*stats, *new])
+                del moments, new
+    finally:
+        module.train(training)
+    described = {"sites": len(found), "features": sum(s.size for s in found), "batches": len(todo),
+                 "tokens": _tokens(todo), "bytes": planned.bytes, "stage_bytes": peak, "stages": len(stages),
+                 "blocks": sum(len(m.gram) for m in planned.moments.values()),
+                 "gram_blocks": sum(1 for m in planned.moments.values() for g in m.gram if g is not None),
+                 "merged_sites": len(stats), "statistics_bytes": sum(s.bytes for s in stats)}
+    return SiteCollection(stats, energy, found, described)
+
+
+def plan_stages(found: tuple[Site, ...], planned: ActivationMoments, order: Mapping[str, int], dtype: torch.dtype,
+                model: str, *, available: int | None = None, features: int = 0) -> list[list[str]]:
+    """The sites in stages, in the order their nodes run: as many per stage as fit in
+    the memory free (``available``, default what the machine has free) once the
+    statistics of every site (in ``dtype``), one batch's features and
+    :data:`STAGE_RESERVE` are set aside, a site counting its float64 moments and their
+    float32 accumulators (1.5 times the moments). One stage where all fit or the free
+    memory is unknown; refused in one line where one site alone does not fit."""
+    names = sorted((s.name for s in found), key=lambda n: order[n])
+    work = {n: planned.moments[n].bytes * 3 // 2 for n in names}
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    compact = sum(planned.moments[n].bytes * itemsize // 8 for n in names)
+    free = available if available is not None else available_memory()
+    if free is None:
+        return [names]
+    room = int(free * (1 - STAGE_RESERVE)) - compact - features
+    if sum(work.values()) <= room:
+        return [names]
+    biggest = max(names, key=lambda n: work[n])
+    if work[biggest] > room:
+        need = (work[biggest] + compact + features) / (1 - STAGE_RESERVE)
+        raise SymspecInputError(
+            f"activation statistics of {model} need about {_gb(need)} (the statistics of {len(names)} sites "
+            f"in {str(dtype).removeprefix('torch.')}, {_gb(compact)}, and the float64 moments of the largest, "
+            f"{biggest}, while they are collected), more than the {_gb(free)} this machine has free; align "
+            "with --method weight (data-free), or on a machine with more memory")
+    stages: list[list[str]] = [[]]
+    held = 0
+    for n in names:
+        if stages[-1] and held + work[n] > room:
+            stages.append([])
+            held = 0
+        stages[-1].append(n)
+        held += work[n]
+    return stages
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def _span(order: Mapping[str, int], stages: list[list[str]], k: int) -> tuple[int, int]:
+    """Stage ``k``'s span of the nodes of a trace (positions ``order``): from the end of
+    the stage before to just after its own last site."""
+    lo = max((order[n] for n in stages[k - 1]), default=-1) + 1 if k else 0
+    hi = max(order[n] for n in stages[k]) + 1
+    if any(not lo <= order[n] < hi for n in stages[k]):
+        raise SymspecInputError("the traces of two batch shapes order the activation sites differently; "
+                                "give batches of one shape")
+    return lo, hi
+
+
+def _kept(fa: dict[str, torch.Tensor], moments: ActivationMoments) -> Callable[[str, torch.Tensor], None]:
+    """A sink for A's features: those of the stage's sites are kept until B's arrive."""
+
+    def sink(name: str, xa: torch.Tensor) -> None:
+        if name in moments.moments:
+            fa[name] = xa
+
+    return sink
+
+
+def _tokens(todo: list[Any]) -> int:
+    ids = [_token_ids(x) for x in todo]
+    return sum(int(t.numel()) for t in ids if t is not None)
 
 
 def micro_batches(inputs: Any, width: int, dtype: torch.dtype, limit: int = MICRO_BYTES) -> list[Any]:

@@ -22,7 +22,7 @@ from ..problem import Problem, Site
 from .sites import find_sites
 from .trace import call_args, trace
 
-__all__ = ["Capture", "SiteRecorder", "record_sites"]
+__all__ = ["Capture", "SiteRecorder", "SpanCapture", "record_sites"]
 
 
 class Capture(fx.Interpreter):
@@ -47,6 +47,31 @@ class Capture(fx.Interpreter):
         return out
 
 
+class SpanCapture(Capture):
+    """:class:`Capture` over one span of the graph's nodes (``lo`` to ``hi``, in order),
+    from the values live at its start (``env``: node -> value; none for the first span,
+    whose placeholders read the inputs); :meth:`run_span` returns the values live after
+    it (those a later node reads). A pass split into spans runs every node once, as a
+    whole pass does, with only the live values (a residual stream) kept in between."""
+
+    def __init__(self, gm: fx.GraphModule, wanted: Mapping[str, list[str]], sink: Callable[[str, torch.Tensor], None]):
+        super().__init__(gm, wanted, sink)
+        self.left = {"never empty"}  # a span ends at its own end, not at its last site
+        self.nodes = list(gm.graph.nodes)
+        index = {n: i for i, n in enumerate(self.nodes)}
+        #: the index of each node's last reader (-1: none)
+        self.last_read = {n: max((index[u] for u in n.users), default=-1) for n in self.nodes}
+
+    def run_span(self, args: tuple[Any, ...], env: Mapping[fx.Node, Any], lo: int, hi: int) -> dict[fx.Node, Any]:
+        self.env = dict(env)
+        self.args_iter = iter(args)
+        for node in self.nodes[lo:hi]:
+            self.env[node] = self.run_node(node)
+            for done in self.user_to_last_uses.get(node, []):
+                self.env.pop(done, None)
+        return {n: v for n, v in self.env.items() if self.last_read[n] >= hi}
+
+
 class _Recorded(Exception):
     """Raised by :class:`Capture` once the last wanted node has run."""
 
@@ -63,8 +88,13 @@ class _Runner(torch.nn.Module):
         #: the positional arguments (a symbolic trace)
         self.flat = flat
         self.sink: Callable[[str, torch.Tensor], None] = lambda name, value: None
+        #: (env, lo, hi): run that span only (:class:`SpanCapture`); forward returns the env after it
+        self.span: tuple[Mapping[fx.Node, Any], int, int] | None = None
 
     def forward(self, *flat: Any) -> Any:
+        if self.span is not None:
+            env, lo, hi = self.span
+            return SpanCapture(self.gm, self.wanted, self.sink).run_span(flat, env, lo, hi)
         try:
             return Capture(self.gm, self.wanted, self.sink).run(*flat)
         except _Recorded:
@@ -116,6 +146,37 @@ class SiteRecorder:
         :meth:`record` will record: what their statistics will cost is known before the
         first forward pass."""
         return tuple(self._runner(inputs)[1].values())
+
+    def order(self, inputs: Any) -> dict[str, int]:
+        """Site name -> the position of its node in the trace for inputs like ``inputs``."""
+        runner, sites = self._runner(inputs)
+        index = {n.name: i for i, n in enumerate(runner.gm.graph.nodes)}
+        return {name: index[s.node] for name, s in sites.items()}
+
+    def record_span(self, inputs: Any, state: Mapping[str, torch.Tensor], env: Mapping[Any, Any] | None,
+                    lo: int, hi: int, sink: Callable[[str, torch.Tensor], None]) -> dict[Any, Any]:
+        """The nodes ``lo`` to ``hi`` of the trace for ``inputs`` (positions, as
+        :meth:`order` gives them), from ``env`` (what the span before returned; None for
+        the first), the sites among them handed to ``sink`` as computed; returns the
+        values live after the span, for the next one."""
+        runner, sites = self._runner(inputs)
+
+        def keep(name: str, value: torch.Tensor) -> None:
+            sink(name, value.detach().reshape(-1, sites[name].size))
+
+        runner.sink = keep
+        runner.span = (env or {}, lo, hi)
+        args, kwargs = call_args(inputs)
+        flat = pytree.tree_flatten((args, kwargs))[0] if runner.flat else list(args)
+        try:
+            with torch.no_grad():
+                own = dict(runner.named_parameters(remove_duplicate=False)) | dict(runner.named_buffers(remove_duplicate=False))
+                swap = {k: state[k[3:]] for k in own if k[3:] in state}
+                out = torch.func.functional_call(runner, swap, tuple(flat), strict=False, tie_weights=False)
+        finally:
+            runner.span = None
+            runner.sink = lambda name, value: None
+        return out
 
     def record(self, inputs: Any, state: Mapping[str, torch.Tensor] | None = None,
                sink: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, torch.Tensor]:

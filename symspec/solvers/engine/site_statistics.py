@@ -64,7 +64,13 @@ class SiteBlock:
         held = [self.cross, self.gdiag, self.asq, *([self.gram] if self.gram is not None else [])]
         return sum(t.numel() * t.element_size() for t in held)
 
-    def scaled(self, s2: float) -> SiteBlock:
+    def scaled(self, s2: float, in_place: bool = False) -> SiteBlock:
+        """Every statistic times ``s2`` (``in_place``: this block's tensors, returned)."""
+        if in_place:
+            for t in (self.cross, self.gram, self.gdiag, self.asq):
+                if t is not None:
+                    t.mul_(s2)
+            return self
         g = None if self.gram is None else self.gram * s2
         return SiteBlock(self.segment, self.cross * s2, g, self.gdiag * s2, self.asq * s2)
 
