@@ -263,12 +263,19 @@ def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[
 #: descent after it holds B's working copy and the objective's temporaries
 STAGE_RESERVE = 0.15
 
+#: at most this many bytes of float64 moments and float32 accumulators per stage (or one
+#: site's, where larger), whatever the memory free: a stage costs no arithmetic (every
+#: node runs once whatever the stages), so a pass holds no more than this beside the
+#: statistics (GPT-2 small: 1.4 GB of moments at once in one pass)
+STAGE_BYTES = 1 << 29
+
 
 def collect_site_stats(module: torch.nn.Module, problem: Problem, state_a: Mapping[str, torch.Tensor],
                        state_b: Mapping[str, torch.Tensor], data: Any, *, batches: int | None = None,
                        device: torch.device | str = "cpu", sites: str = "read", normalize: str = "correlation",
                        dtype: torch.dtype = torch.float32, progress: Callable[[MatchEvent], None] | None = None,
-                       micro_bytes: int = MICRO_BYTES, available: int | None = None) -> SiteCollection | None:
+                       micro_bytes: int = MICRO_BYTES, available: int | None = None,
+                       stage_bytes: int = STAGE_BYTES) -> SiteCollection | None:
     """The sites' statistics (:class:`~symspec.solvers.engine.site_statistics.SiteStats`,
     per token, in ``dtype``), or None where a site's factors need the factored form
     (:func:`collect_moments`).
@@ -300,7 +307,7 @@ def collect_site_stats(module: torch.nn.Module, problem: Problem, state_a: Mappi
             planned = ActivationMoments.empty(found, "meta", problem)
             features = _feature_bytes(found, pieces[0][0], mdtype)
             stages = plan_stages(found, planned, recorder.order(pieces[0][0]), dtype, type(module).__name__,
-                                 available=available, features=features)
+                                 available=available, features=features, stage_bytes=stage_bytes)
             by_name = {s.name: s for s in found}
             env_a: list[list[Any]] = [[None] * len(p) for p in pieces]
             env_b: list[list[Any]] = [[None] * len(p) for p in pieces]
@@ -342,24 +349,21 @@ def collect_site_stats(module: torch.nn.Module, problem: Problem, state_a: Mappi
 
 
 def plan_stages(found: tuple[Site, ...], planned: ActivationMoments, order: Mapping[str, int], dtype: torch.dtype,
-                model: str, *, available: int | None = None, features: int = 0) -> list[list[str]]:
+                model: str, *, available: int | None = None, features: int = 0,
+                stage_bytes: int = STAGE_BYTES) -> list[list[str]]:
     """The sites in stages, in the order their nodes run: as many per stage as fit in
-    the memory free (``available``, default what the machine has free) once the
-    statistics of every site (in ``dtype``), one batch's features and
+    ``stage_bytes`` and in the memory free (``available``, default what the machine has
+    free) once the statistics of every site (in ``dtype``), one batch's features and
     :data:`STAGE_RESERVE` are set aside, a site counting its float64 moments and their
-    float32 accumulators (1.5 times the moments). One stage where all fit or the free
-    memory is unknown; refused in one line where one site alone does not fit."""
+    float32 accumulators (1.5 times the moments). Refused in one line where one site
+    alone does not fit."""
     names = sorted((s.name for s in found), key=lambda n: order[n])
     work = {n: planned.moments[n].bytes * 3 // 2 for n in names}
     itemsize = torch.empty((), dtype=dtype).element_size()
     compact = sum(planned.moments[n].bytes * itemsize // 8 for n in names)
     free = available if available is not None else available_memory()
-    if free is None:
-        return [names]
-    room = int(free * (1 - STAGE_RESERVE)) - compact - features
-    if sum(work.values()) <= room:
-        return [names]
     biggest = max(names, key=lambda n: work[n])
+    room = int(free * (1 - STAGE_RESERVE)) - compact - features if free is not None else stage_bytes
     if work[biggest] > room:
         need = (work[biggest] + compact + features) / (1 - STAGE_RESERVE)
         raise SymspecInputError(
@@ -367,6 +371,7 @@ def plan_stages(found: tuple[Site, ...], planned: ActivationMoments, order: Mapp
             f"in {str(dtype).removeprefix('torch.')}, {_gb(compact)}, and the float64 moments of the largest, "
             f"{biggest}, while they are collected), more than the {_gb(free)} this machine has free; align "
             "with --method weight (data-free), or on a machine with more memory")
+    room = min(room, max(stage_bytes, work[biggest]))
     stages: list[list[str]] = [[]]
     held = 0
     for n in names:
