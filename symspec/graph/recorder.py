@@ -63,6 +63,8 @@ class SpanCapture(Capture):
         self.last_read = {n: max((index[u] for u in n.users), default=-1) for n in self.nodes}
 
     def run_span(self, args: tuple[Any, ...], env: Mapping[fx.Node, Any], lo: int, hi: int) -> dict[fx.Node, Any]:
+        """Run the span (one object serves every span of its graph: the weights are read
+        from the module at each call, as ``functional_call`` swaps them)."""
         self.env = dict(env)
         self.args_iter = iter(args)
         for node in self.nodes[lo:hi]:
@@ -90,11 +92,17 @@ class _Runner(torch.nn.Module):
         self.sink: Callable[[str, torch.Tensor], None] = lambda name, value: None
         #: (env, lo, hi): run that span only (:class:`SpanCapture`); forward returns the env after it
         self.span: tuple[Mapping[fx.Node, Any], int, int] | None = None
+        self._spans: SpanCapture | None = None
+        #: site name -> the position of its node (:meth:`SiteRecorder.order`)
+        self.order: dict[str, int] | None = None
 
     def forward(self, *flat: Any) -> Any:
         if self.span is not None:
             env, lo, hi = self.span
-            return SpanCapture(self.gm, self.wanted, self.sink).run_span(flat, env, lo, hi)
+            if self._spans is None:  # built once: the graph's last uses are a pass over its nodes
+                self._spans = SpanCapture(self.gm, self.wanted, self.sink)
+            self._spans.sink = self.sink
+            return self._spans.run_span(flat, env, lo, hi)
         try:
             return Capture(self.gm, self.wanted, self.sink).run(*flat)
         except _Recorded:
@@ -150,8 +158,10 @@ class SiteRecorder:
     def order(self, inputs: Any) -> dict[str, int]:
         """Site name -> the position of its node in the trace for inputs like ``inputs``."""
         runner, sites = self._runner(inputs)
-        index = {n.name: i for i, n in enumerate(runner.gm.graph.nodes)}
-        return {name: index[s.node] for name, s in sites.items()}
+        if runner.order is None:
+            index = {n.name: i for i, n in enumerate(runner.gm.graph.nodes)}
+            runner.order = {name: index[s.node] for name, s in sites.items()}
+        return runner.order
 
     def record_span(self, inputs: Any, state: Mapping[str, torch.Tensor], env: Mapping[Any, Any] | None,
                     lo: int, hi: int, sink: Callable[[str, torch.Tensor], None]) -> dict[Any, Any]:
