@@ -353,21 +353,29 @@ def plan_stages(found: tuple[Site, ...], planned: ActivationMoments, order: Mapp
                 stage_bytes: int = STAGE_BYTES) -> list[list[str]]:
     """The sites in stages, in the order their nodes run: as many per stage as fit in
     ``stage_bytes`` and in the memory free (``available``, default what the machine has
-    free) once the statistics of every site (in ``dtype``), one batch's features and
+    free) once the statistics of every site (in ``dtype``, alike sites counted once: they
+    are added into one), one batch's features and
     :data:`STAGE_RESERVE` are set aside, a site counting its float64 moments and their
     float32 accumulators (1.5 times the moments). Refused in one line where one site
     alone does not fit."""
     names = sorted((s.name for s in found), key=lambda n: order[n])
     work = {n: planned.moments[n].bytes * 3 // 2 for n in names}
     itemsize = torch.empty((), dtype=dtype).element_size()
-    compact = sum(planned.moments[n].bytes * itemsize // 8 for n in names)
+    # the statistics kept: one per structure, alike sites being added into one (merge_site_stats)
+    by_site = {s.name: s for s in found}
+    kept: dict[Any, int] = {}
+    for n in names:
+        shape = tuple((seg, g is not None) for seg, g in zip(by_site[n].axis.segments, planned.moments[n].gram))
+        kept[shape] = planned.moments[n].bytes * itemsize // 8
+    compact = sum(kept.values())
     free = available if available is not None else available_memory()
     biggest = max(names, key=lambda n: work[n])
     room = int(free * (1 - STAGE_RESERVE)) - compact - features if free is not None else stage_bytes
     if work[biggest] > room:
         need = (work[biggest] + compact + features) / (1 - STAGE_RESERVE)
         raise SymspecInputError(
-            f"activation statistics of {model} need about {_gb(need)} (the statistics of {len(names)} sites "
+            f"activation statistics of {model} need about {_gb(need)} (the statistics of {len(names)} sites, "
+            f"{len(kept)} once alike ones are added, "
             f"in {str(dtype).removeprefix('torch.')}, {_gb(compact)}, and the float64 moments of the largest, "
             f"{biggest}, while they are collected), more than the {_gb(free)} this machine has free; align "
             "with --method weight (data-free), or on a machine with more memory")
