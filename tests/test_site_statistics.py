@@ -192,3 +192,20 @@ def test_alignment_in_stages_gives_the_one_pass_result(monkeypatch: pytest.Monke
     for space, e in whole.elements.items():
         for k, v in e.items():
             assert torch.equal(staged.elements[space][k], v), (space, k)
+
+
+def test_weight_plus_activation_given_b_works_on_b_itself() -> None:
+    """With B given up (``keep_canonical_b=False``, what ``symspec match`` does), B's
+    canonical tensors become the weights' working copy, as in weight matching, instead of
+    a copy beside them; the result is the same (B moved round by round rather than once at
+    the end: to rounding, as in weight matching)."""
+    canon, _, _, sb, data = _pair("llama")
+    b = copy.deepcopy(canon)
+    b.load_state_dict(sb)
+    kept = symspec.align(canon, b, "llama", method="weight+activation", data=data, rounds=3)
+    given = symspec.align(canon, b, "llama", method="weight+activation", data=data, rounds=3, keep_canonical_b=False)
+    assert given.canonical_b is None and kept.canonical_b is not None
+    assert given.history == pytest.approx(kept.history, rel=1e-12)
+    for k, v in kept.aligned_b.items():
+        torch.testing.assert_close(given.aligned_b[k], v, rtol=1e-7, atol=1e-8, msg=k)
+    assert torch.equal(b.state_dict()[next(iter(sb))], sb[next(iter(sb))])  # the caller's B is untouched

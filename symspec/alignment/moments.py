@@ -150,20 +150,24 @@ def _align_on_sites(method: ActivationMatching, problem: Problem, a: Endpoint, b
             sd_a = {r.name: t for r, t in ridges}
             sd_b = {r.name: t.clone() for r, t in ridges}
     solver = opts.solver or WeightOptions()
-    if solver.own_b:
-        solver = attrs.evolve(solver, own_b=False)  # B's tensors stay the caller's: the sites are the provider's
+    # B given up by the caller (options.consume_b): its canonical tensors become the
+    # weights' working copy, as in weight matching, instead of a copy beside them
+    own_b = bool(options.consume_b and method.combine)
+    solver = attrs.evolve(solver, own_b=False)  # match_weights' own provider is not used
+    made: list[WeightStatistics] = []
 
     def factory(prob: Problem, ctx: SolveContext, init: Any) -> Any:
         sites = SiteStatistics(prob, stats, ctx, init)
         if not weights_problem.params:
             return sites
-        weights = WeightStatistics(weights_problem, sd_a, sd_b, ctx, init, trial_bytes=solver.trial_bytes)
-        return CombinedStatistics(prob, [weights, sites])
+        made.append(WeightStatistics(weights_problem, sd_a, sd_b, ctx, init, own_b=own_b, trial_bytes=solver.trial_bytes))
+        return CombinedStatistics(prob, [made[-1], sites])
 
     res = match_weights(problem, sd_a, sd_b, rounds=options.rounds, tol=options.tol, device=options.device,
                         dtype=dtype, init=options.init, progress=options.progress, timer=timer, options=solver,
                         provider=factory)
-    return Alignment(res.elements, res.history, res.timings, res.converged, None,
+    aligned = made[-1].aligned() if own_b and made else None
+    return Alignment(res.elements, res.history, res.timings, res.converged, aligned,
                      _info(method, problem, collection.sites, collection.described, opts, "sites"))
 
 
