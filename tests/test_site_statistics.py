@@ -19,12 +19,12 @@ import symspec.alignment.moments as mo
 from symspec.alignment.moments import collect_moments, collect_site_stats
 from symspec.errors import SymspecInputError
 from symspec.problem import Factor, Segment, Site
-from symspec.solvers.engine.activation_statistics import site_stats
 from symspec.solvers.engine.base import SolveContext, Timer
 from symspec.solvers.engine.site_statistics import (
     SiteStatistics,
     merge_site_stats,
     site_statistics_supported,
+    site_stats,
 )
 from tests.test_activation import _moved
 from tests.test_activation_streamed import _pair, _recorded

@@ -27,7 +27,6 @@ from ..solvers.engine.activation_statistics import (
     combined_problem,
     head_ridges,
     mix_scale,
-    site_stats,
 )
 from ..solvers.engine.base import SolveContext
 from ..solvers.engine.rounding import sqnorm
@@ -37,6 +36,7 @@ from ..solvers.engine.site_statistics import (
     SiteStats,
     merge_site_stats,
     site_statistics_supported,
+    site_stats,
 )
 from ..solvers.engine.weight_statistics import WeightStatistics
 from ..statedict import working_dtype

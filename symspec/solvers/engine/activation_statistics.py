@@ -49,7 +49,7 @@ from .descent import MatchEvent
 from .rounding import sqnorm
 
 __all__ = ["ActivationMoments", "ActivationTerms", "SiteMoments", "activation_problem", "activation_terms", "combined_problem",
-           "mix_scale", "needs_gram", "site_stats"]
+           "mix_scale", "needs_gram"]
 
 NORMALIZE = ("correlation", "none")
 
@@ -425,42 +425,6 @@ def activation_terms(problem: Problem, moments: ActivationMoments, *, normalize:
             params[binding.name] = binding
             sd_a[binding.name], sd_b[binding.name] = t, t.clone()
     return ActivationTerms(attrs.evolve(problem, params=params, ties=(), invariants=()), sd_a, sd_b, offset, total)
-
-
-def site_stats(problem: Problem, moments: ActivationMoments, *, normalize: str = "correlation",
-               dtype: torch.dtype = torch.float32, release: bool = False,
-               progress: Callable[[Any], None] | None = None) -> tuple[list[Any], dict[str, list[float]]]:
-    """Every site's moments as :class:`~.site_statistics.SiteStats` (means per token, in
-    ``dtype``; standardised where ``normalize`` is ``correlation`` and every space of the
-    site is a permutation group), for :class:`~.site_statistics.SiteStatistics`; and, per
-    space, B's mean energy per feature of each of its sites (the ridge's scale).
-    ``release``: each site's moments are dropped as soon as it is read."""
-    from .site_statistics import SiteBlock, SiteStats
-
-    if normalize not in NORMALIZE:
-        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
-    out = []
-    energy: dict[str, list[float]] = {}
-    sites = list(moments.sites.items())
-    for i, (name, site) in enumerate(sites):
-        if progress is not None:
-            progress(MatchEvent("factor", 0, 0, space=name, done=i, total=len(sites)))
-        m = moments.moments.get(name)
-        if m is None or m.count == 0 or not site.spaces() <= set(problem.spaces):
-            continue
-        corr = normalize == "correlation" and _permutation_only(problem, site)
-        blocks = []
-        b_trace = 0.0
-        for seg, (c, g, gd, asq) in zip(site.axis.segments, m.block_means(corr)):
-            blocks.append(SiteBlock(seg, c.to(dtype), None if g is None else g.to(dtype), gd.to(dtype), asq.to(dtype)))
-            b_trace += float(gd.sum())
-            del c, g
-        if release:
-            del moments.moments[name], m
-        out.append(SiteStats(name, blocks))
-        for space in site.spaces():
-            energy.setdefault(space, []).append(b_trace / max(site.size, 1))
-    return out, energy
 
 
 def activation_problem(problem: Problem, moments: ActivationMoments, *, normalize: str = "correlation",

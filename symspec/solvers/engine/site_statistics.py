@@ -41,12 +41,20 @@ import torch
 
 from ...groups import Element
 from ...problem import Incidence, Problem, Segment, Site
+from .activation_statistics import (
+    NORMALIZE,
+    ActivationMoments,
+    _diag_roots,
+    _gram_roots,
+    _permutation_only,
+)
 from .base import SolveContext, StatTerm, Term
+from .descent import MatchEvent
 from .statistics import StatisticsProvider, Trial, Value, same_element
 from .weight_statistics import joint_pairs
 
 __all__ = ["CombinedStatistics", "SiteBlock", "SiteStatistics", "SiteStats", "merge_site_stats",
-           "site_statistics_supported"]
+           "site_statistics_supported", "site_stats"]
 
 
 @attrs.define
@@ -94,6 +102,40 @@ class SiteStats:
 
     def structure(self) -> tuple[Any, ...]:
         return tuple((b.segment, b.gram is not None) for b in self.blocks)
+
+
+def site_stats(problem: Problem, moments: ActivationMoments, *, normalize: str = "correlation",
+               dtype: torch.dtype = torch.float32, release: bool = False,
+               progress: Callable[[Any], None] | None = None) -> tuple[list[SiteStats], dict[str, list[float]]]:
+    """Every site's moments as :class:`SiteStats` (means per token, in ``dtype``;
+    standardised where ``normalize`` is ``correlation`` and every space of the site is a
+    permutation group), for :class:`SiteStatistics`; and, per
+    space, B's mean energy per feature of each of its sites (the ridge's scale).
+    ``release``: each site's moments are dropped as soon as it is read."""
+    if normalize not in NORMALIZE:
+        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
+    out = []
+    energy: dict[str, list[float]] = {}
+    sites = list(moments.sites.items())
+    for i, (name, site) in enumerate(sites):
+        if progress is not None:
+            progress(MatchEvent("factor", 0, 0, space=name, done=i, total=len(sites)))
+        m = moments.moments.get(name)
+        if m is None or m.count == 0 or not site.spaces() <= set(problem.spaces):
+            continue
+        corr = normalize == "correlation" and _permutation_only(problem, site)
+        blocks = []
+        b_trace = 0.0
+        for seg, (c, g, gd, asq) in zip(site.axis.segments, m.block_means(corr)):
+            blocks.append(SiteBlock(seg, c.to(dtype), None if g is None else g.to(dtype), gd.to(dtype), asq.to(dtype)))
+            b_trace += float(gd.sum())
+            del c, g
+        if release:
+            del moments.moments[name], m
+        out.append(SiteStats(name, blocks))
+        for space in site.spaces():
+            energy.setdefault(space, []).append(b_trace / max(site.size, 1))
+    return out, energy
 
 
 def merge_site_stats(stats: Iterable[SiteStats]) -> list[SiteStats]:
@@ -323,8 +365,6 @@ def _lazy_gram_a(cross: torch.Tensor, gram: Any, gdiag: torch.Tensor) -> Callabl
     ``L_A L_A^T`` is): the equation-error start of a GL solve reads it."""
 
     def build() -> torch.Tensor:
-        from .activation_statistics import _diag_roots, _gram_roots
-
         c = cross.double()
         if callable(gram):
             la, _ = _diag_roots(c, gdiag.double())
