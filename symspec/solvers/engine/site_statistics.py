@@ -220,9 +220,9 @@ class SiteStatistics:
                  init: Mapping[str, Element] | None = None) -> None:
         self.problem = problem
         self.ctx = ctx
-        self.sites = {s.name: s for s in sites}
         dev, dt = ctx.device, ctx.dtype
         sites = [SiteStats(s.name, [_on_device(b, dev) for b in s.blocks], s.names) for s in sites]
+        self.sites = {s.name: s for s in sites}
         self.elements: dict[str, Element] = {}
         for name, si in problem.spaces.items():
             e = init.get(name) if init else None
