@@ -5,9 +5,10 @@ embedding rows for ``weight-tokens``."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -27,9 +28,9 @@ from ..solvers.engine.activation_statistics import (
     combined_problem,
     head_ridges,
     mix_scale,
+    weights_energy,
 )
 from ..solvers.engine.base import SolveContext
-from ..solvers.engine.rounding import sqnorm
 from ..solvers.engine.site_statistics import (
     CombinedStatistics,
     SiteStatistics,
@@ -139,9 +140,7 @@ def _align_on_sites(method: ActivationMatching, problem: Problem, a: Endpoint, b
     stats = collection.stats
     with timer("factor"):
         if method.combine:
-            w_energy = math.fsum(sqnorm(a.state[p]) + sqnorm(b.state[p]) for p in problem.params)
-            a_energy = math.fsum(s.energy() for s in stats)
-            s2 = mix_scale(opts.mix, w_energy, a_energy) ** 2
+            s2 = mix_scale(opts.mix, weights_energy(problem, a.state, b.state), math.fsum(s.energy() for s in stats)) ** 2
             stats = [SiteStats(s.name, [blk.scaled(s2, in_place=own) for blk in s.blocks], s.names) for s in stats]
             weights_problem, sd_a, sd_b = problem, a.state, b.state
         else:
@@ -229,38 +228,60 @@ def collect_moments(module: torch.nn.Module, problem: Problem, state_a: Mapping[
     micro-batch are held, never both. ``progress``: a ``MatchEvent("statistics", batch,
     batches, space="A" or "B", done, total)`` before each model's pass over each
     micro-batch (``done`` passes of ``total`` finished)."""
+    say = progress or (lambda event: None)
+    with _statistics_pass(module, problem, data, batches, sites, micro_bytes) as run:
+        # the sites are known from the trace: refuse before the first forward pass
+        refuse_beyond_memory(ActivationMoments.empty(run.found, "meta", problem), type(module).__name__,
+                             features=_feature_bytes(run.found, run.pieces[0][0], run.dtype))
+        moments = ActivationMoments.empty(run.found, device, problem)
+        total, done = 2 * sum(len(p) for p in run.pieces), 0
+        for i, micro in enumerate(run.pieces):
+            for part in micro:
+                say(MatchEvent("statistics", i + 1, len(run.todo), space="A", done=done, total=total))
+                fa = run.recorder.record(part, state_a)
+                say(MatchEvent("statistics", i + 1, len(run.todo), space="B", done=done + 1, total=total))
+                run.recorder.record(part, state_b, sink=_streamed(moments, fa))
+                done += 2
+                del fa
+            moments.end_batch()
+        moments.end_batches()
+    return moments
+
+
+@attrs.frozen
+class _Pass:
+    """What a statistics pass runs on: the recorder, the module's dtype, the batches
+    (cast to it), each in micro-batches, and the sites found in the trace."""
+
+    recorder: SiteRecorder
+    dtype: torch.dtype
+    todo: list[Any]
+    pieces: list[list[Any]]
+    found: tuple[Site, ...]
+
+
+@contextlib.contextmanager
+def _statistics_pass(module: torch.nn.Module, problem: Problem, data: Any, batches: int | None, sites: str,
+                     micro_bytes: int) -> Iterator[_Pass]:
+    """The set-up both passes share: the module in eval mode (features must be functions
+    of the inputs: no dropout) and the heap kept for reuse (:func:`~symspec.process.reused_heap`)
+    while the block runs, both restored after; the batches in micro-batches and the sites
+    of the trace (none is an error)."""
     recorder = SiteRecorder(module, problem, select=read_sites if sites == "read" else None)
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
-    moments: ActivationMoments | None = None
     training = module.training
-    module.eval()  # features must be functions of the inputs: no dropout
-    todo = [cast_inputs(inputs, dtype) for inputs, _ in _batches(data, batches)]
-    say = progress or (lambda event: None)
+    module.eval()
     try:
+        todo = [cast_inputs(inputs, dtype) for inputs, _ in _batches(data, batches)]
         with reused_heap():
             width = max((pb.shape[ab.axis] for pb in problem.params.values() for ab in pb.axes), default=1)
             pieces = [micro_batches(inputs, width, dtype, micro_bytes) for inputs in todo]
             found = recorder.prepare(pieces[0][0])
             if not found:
                 raise SymspecInputError(f"no activation site found in {type(module).__name__} for the spec's spaces")
-            # the sites are known from the trace: refuse before the first forward pass
-            refuse_beyond_memory(ActivationMoments.empty(found, "meta", problem), type(module).__name__,
-                                 features=_feature_bytes(found, pieces[0][0], dtype))
-            moments = ActivationMoments.empty(found, device, problem)
-            total, done = 2 * sum(len(p) for p in pieces), 0
-            for i, micro in enumerate(pieces):
-                for part in micro:
-                    say(MatchEvent("statistics", i + 1, len(todo), space="A", done=done, total=total))
-                    fa = recorder.record(part, state_a)
-                    say(MatchEvent("statistics", i + 1, len(todo), space="B", done=done + 1, total=total))
-                    recorder.record(part, state_b, sink=_streamed(moments, fa))
-                    done += 2
-                    del fa
-                moments.end_batch()
-            moments.end_batches()
+            yield _Pass(recorder, dtype, todo, pieces, found)
     finally:
         module.train(training)
-    return moments
 
 
 #: memory kept free beside a staged pass's statistics, of what the machine has free: the
@@ -287,65 +308,53 @@ def collect_site_stats(module: torch.nn.Module, problem: Problem, state_a: Mappi
     The pass is split into *stages* along the graph (:func:`plan_stages`): the sites are
     taken in the order the model computes them, as many per stage as the memory free
     holds of their float64 moments and float32 accumulators (beside the statistics of
-    the stages done); each stage runs its span of the graph over every micro-batch, A's
-    and B's, from the values the span before left (a residual stream, kept per
-    micro-batch), so every node still runs once per micro-batch and model. At the end of
+    the stages done), and at most ``stage_bytes`` (:data:`STAGE_BYTES`); each stage runs
+    its span of the graph over every micro-batch, A's and B's, from the values the span
+    before left (a residual stream, kept per micro-batch), so every node still runs once per micro-batch and model. At the end of
     a stage its sites' moments become statistics in ``dtype`` (alike sites added into
-    one) and are let go. One stage where everything fits: a single pass.
-    ``available``: the bytes free to plan with (default: what the machine has free)."""
-    recorder = SiteRecorder(module, problem, select=read_sites if sites == "read" else None)
-    mdtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
-    training = module.training
-    module.eval()
-    todo = [cast_inputs(inputs, mdtype) for inputs, _ in _batches(data, batches)]
+    one) and are let go. ``available``: the bytes free to plan with (default: what the
+    machine has free)."""
     say = progress or (lambda event: None)
-    try:
-        with reused_heap():
-            width = max((pb.shape[ab.axis] for pb in problem.params.values() for ab in pb.axes), default=1)
-            pieces = [micro_batches(inputs, width, mdtype, micro_bytes) for inputs in todo]
-            found = recorder.prepare(pieces[0][0])
-            if not found:
-                raise SymspecInputError(f"no activation site found in {type(module).__name__} for the spec's spaces")
-            if not site_statistics_supported(problem, found):
-                return None
-            planned = ActivationMoments.empty(found, "meta", problem)
-            features = _feature_bytes(found, pieces[0][0], mdtype)
-            stages = plan_stages(found, planned, recorder.order(pieces[0][0]), dtype, type(module).__name__,
-                                 available=available, features=features, stage_bytes=stage_bytes)
-            by_name = {s.name: s for s in found}
-            env_a: list[list[Any]] = [[None] * len(p) for p in pieces]
-            env_b: list[list[Any]] = [[None] * len(p) for p in pieces]
-            stats: list[SiteStats] = []
-            energy: dict[str, list[float]] = {}
-            total, done = 2 * len(stages) * sum(len(p) for p in pieces), 0
-            peak = 0
-            for k, names in enumerate(stages):
-                moments = ActivationMoments.empty([by_name[n] for n in names], device, problem)
-                peak = max(peak, moments.bytes)
-                last = k == len(stages) - 1
-                for i, micro in enumerate(pieces):
-                    for j, part in enumerate(micro):
-                        lo, hi = _span(recorder.order(part), stages, k)
-                        fa: dict[str, torch.Tensor] = {}
-                        say(MatchEvent("statistics", i + 1, len(todo), space="A", done=done, total=total))
-                        env = recorder.record_span(part, state_a, env_a[i][j], lo, hi, sink=_kept(fa, moments))
-                        env_a[i][j] = None if last else env
-                        say(MatchEvent("statistics", i + 1, len(todo), space="B", done=done + 1, total=total))
-                        env = recorder.record_span(part, state_b, env_b[i][j], lo, hi, sink=_streamed(moments, fa))
-                        env_b[i][j] = None if last else env
-                        done += 2
-                        del fa, env
-                    moments.end_batch()
-                moments.end_batches()
-                new, e = site_stats(problem, moments, normalize=normalize, dtype=dtype, release=True, progress=progress)
-                for space, xs in e.items():
-                    energy.setdefault(space, []).extend(xs)
-                stats = merge_site_stats([*stats, *new])
-                del moments, new
-    finally:
-        module.train(training)
-    described = {"sites": len(found), "features": sum(s.size for s in found), "batches": len(todo),
-                 "tokens": _tokens(todo), "bytes": planned.bytes, "stage_bytes": peak, "stages": len(stages),
+    with _statistics_pass(module, problem, data, batches, sites, micro_bytes) as run:
+        found, pieces, recorder = run.found, run.pieces, run.recorder
+        if not site_statistics_supported(problem, found):
+            return None
+        planned = ActivationMoments.empty(found, "meta", problem)
+        features = _feature_bytes(found, pieces[0][0], run.dtype)
+        stages = plan_stages(found, planned, recorder.order(pieces[0][0]), dtype, type(module).__name__,
+                             available=available, features=features, stage_bytes=stage_bytes)
+        by_name = {s.name: s for s in found}
+        env_a: list[list[Any]] = [[None] * len(p) for p in pieces]
+        env_b: list[list[Any]] = [[None] * len(p) for p in pieces]
+        stats: list[SiteStats] = []
+        energy: dict[str, list[float]] = {}
+        total, done = 2 * len(stages) * sum(len(p) for p in pieces), 0
+        peak = 0
+        for k, names in enumerate(stages):
+            moments = ActivationMoments.empty([by_name[n] for n in names], device, problem)
+            peak = max(peak, moments.bytes)
+            last = k == len(stages) - 1
+            for i, micro in enumerate(pieces):
+                for j, part in enumerate(micro):
+                    lo, hi = _span(recorder.order(part), stages, k)
+                    fa: dict[str, torch.Tensor] = {}
+                    say(MatchEvent("statistics", i + 1, len(run.todo), space="A", done=done, total=total))
+                    env = recorder.record_span(part, state_a, env_a[i][j], lo, hi, sink=_kept(fa, moments))
+                    env_a[i][j] = None if last else env
+                    say(MatchEvent("statistics", i + 1, len(run.todo), space="B", done=done + 1, total=total))
+                    env = recorder.record_span(part, state_b, env_b[i][j], lo, hi, sink=_streamed(moments, fa))
+                    env_b[i][j] = None if last else env
+                    done += 2
+                    del fa, env
+                moments.end_batch()
+            moments.end_batches()
+            new, e = site_stats(problem, moments, normalize=normalize, dtype=dtype, release=True, progress=progress)
+            for space, xs in e.items():
+                energy.setdefault(space, []).extend(xs)
+            stats = merge_site_stats([*stats, *new])
+            del moments, new
+    described = {"sites": len(found), "features": sum(s.size for s in found), "batches": len(run.todo),
+                 "tokens": _tokens(run.todo), "bytes": planned.bytes, "stage_bytes": peak, "stages": len(stages),
                  "blocks": sum(len(m.gram) for m in planned.moments.values()),
                  "gram_blocks": sum(1 for m in planned.moments.values() for g in m.gram if g is not None),
                  "merged_sites": len(stats), "statistics_bytes": sum(s.bytes for s in stats)}

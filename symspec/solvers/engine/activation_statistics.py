@@ -36,7 +36,7 @@ terms scaled to ``mix`` times the weights' energy (:func:`combined_problem`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -49,7 +49,7 @@ from .descent import MatchEvent
 from .rounding import sqnorm
 
 __all__ = ["ActivationMoments", "ActivationTerms", "SiteMoments", "activation_problem", "activation_terms", "combined_problem",
-           "mix_scale", "needs_gram"]
+           "mix_scale", "needs_gram", "readable_sites", "weights_energy"]
 
 NORMALIZE = ("correlation", "none")
 
@@ -386,6 +386,25 @@ class ActivationTerms:
     energy: float = 0.0
 
 
+def readable_sites(problem: Problem, moments: ActivationMoments, normalize: str,
+                   progress: Callable[[Any], None] | None = None) -> Iterator[tuple[str, Site, SiteMoments, bool]]:
+    """The sites with moments to read, each as (name, site, its moments, whether to
+    standardise it: ``normalize`` is ``correlation`` and every space of the site is a
+    permutation group); a ``MatchEvent("factor", ...)`` to ``progress`` before each site
+    (``space``: its name; ``done`` of ``total`` sites). Sites without tokens, or acted on
+    by a space the problem has not, are left out."""
+    if normalize not in NORMALIZE:
+        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
+    sites = list(moments.sites.items())
+    for i, (name, site) in enumerate(sites):
+        if progress is not None:
+            progress(MatchEvent("factor", 0, 0, space=name, done=i, total=len(sites)))
+        m = moments.moments.get(name)
+        if m is None or m.count == 0 or not site.spaces() <= set(problem.spaces):
+            continue
+        yield name, site, m, normalize == "correlation" and _permutation_only(problem, site)
+
+
 def activation_terms(problem: Problem, moments: ActivationMoments, *, normalize: str = "correlation",
                      dtype: torch.dtype = torch.float32, scale: float = 1.0, ridge: float = 0.0,
                      release: bool = False, progress: Callable[[Any], None] | None = None) -> ActivationTerms:
@@ -395,21 +414,12 @@ def activation_terms(problem: Problem, moments: ActivationMoments, *, normalize:
     dropped from ``moments`` as soon as it is factored (the float64 moments and the
     factors are never all held at once). ``progress``: a ``MatchEvent("factor", ...)``
     before each site (``space``: its name; ``done`` of ``total`` sites factored)."""
-    if normalize not in NORMALIZE:
-        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
     params: dict[str, ParamBinding] = {}
     sd_a: dict[str, torch.Tensor] = {}
     sd_b: dict[str, torch.Tensor] = {}
     energy: dict[str, list[float]] = {}
     offset = total = 0.0
-    sites = list(moments.sites.items())
-    for i, (name, site) in enumerate(sites):
-        if progress is not None:
-            progress(MatchEvent("factor", 0, 0, space=name, done=i, total=len(sites)))
-        m = moments.moments.get(name)
-        if m is None or m.count == 0 or not site.spaces() <= set(problem.spaces):
-            continue
-        corr = normalize == "correlation" and _permutation_only(problem, site)
+    for name, site, m, corr in readable_sites(problem, moments, normalize, progress):
         roots = _site_roots(m, corr, scale, dtype)
         if release:
             del moments.moments[name], m
@@ -467,6 +477,11 @@ def head_ridges(problem: Problem, energy: Mapping[str, list[float]], ridge: floa
     return out
 
 
+def weights_energy(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor]) -> float:
+    """The weights' energy, ``sum ||A_P||^2 + ||B_P||^2`` over the bound parameters."""
+    return math.fsum(sqnorm(sd_a[p]) + sqnorm(sd_b[p]) for p in problem.params)
+
+
 def mix_scale(mix: float, weights_energy: float, sites_energy: float) -> float:
     """The factor on the activation terms that makes their real energy ``mix`` times the
     weights' (1 where either is zero)."""
@@ -483,8 +498,7 @@ def combined_problem(problem: Problem, sd_a: Mapping[str, torch.Tensor], sd_b: M
     weights' energy; ``offset`` scaled with them."""
     dtype = next((sd_a[p].dtype for p in problem.params), torch.float32)
     act = activation_terms(problem, moments, normalize=normalize, dtype=dtype, release=release, progress=progress)
-    w_energy = math.fsum(sqnorm(sd_a[p]) + sqnorm(sd_b[p]) for p in problem.params)
-    s = mix_scale(mix, w_energy, act.energy)
+    s = mix_scale(mix, weights_energy(problem, sd_a, sd_b), act.energy)
     params = {**problem.params, **act.problem.params}
     out_a = {**{p: sd_a[p] for p in problem.params}, **{p: t * s for p, t in act.sd_a.items()}}
     out_b = {**{p: sd_b[p] for p in problem.params}, **{p: t * s for p, t in act.sd_b.items()}}

@@ -41,17 +41,10 @@ import torch
 
 from ...groups import Element
 from ...problem import Incidence, Problem, Segment, Site
-from .activation_statistics import (
-    NORMALIZE,
-    ActivationMoments,
-    _diag_roots,
-    _gram_roots,
-    _permutation_only,
-)
+from .activation_statistics import ActivationMoments, _diag_roots, _gram_roots, readable_sites
 from .base import SolveContext, StatTerm, Term
-from .descent import MatchEvent
 from .statistics import StatisticsProvider, Trial, Value, same_element
-from .weight_statistics import joint_pairs
+from .weight_statistics import incidence_roles, initial_elements, joint_pairs
 
 __all__ = ["CombinedStatistics", "SiteBlock", "SiteStatistics", "SiteStats", "merge_site_stats",
            "site_statistics_supported", "site_stats"]
@@ -112,18 +105,9 @@ def site_stats(problem: Problem, moments: ActivationMoments, *, normalize: str =
     permutation group), for :class:`SiteStatistics`; and, per
     space, B's mean energy per feature of each of its sites (the ridge's scale).
     ``release``: each site's moments are dropped as soon as it is read."""
-    if normalize not in NORMALIZE:
-        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
     out = []
     energy: dict[str, list[float]] = {}
-    sites = list(moments.sites.items())
-    for i, (name, site) in enumerate(sites):
-        if progress is not None:
-            progress(MatchEvent("factor", 0, 0, space=name, done=i, total=len(sites)))
-        m = moments.moments.get(name)
-        if m is None or m.count == 0 or not site.spaces() <= set(problem.spaces):
-            continue
-        corr = normalize == "correlation" and _permutation_only(problem, site)
+    for name, site, m, corr in readable_sites(problem, moments, normalize, progress):
         blocks = []
         b_trace = 0.0
         for seg, (c, g, gd, asq) in zip(site.axis.segments, m.block_means(corr)):
@@ -172,14 +156,9 @@ def site_statistics_supported(problem: Problem, sites: Iterable[Site]) -> bool:
     features -- except the outer space of a joint pair, before its inner one (solved
     with it, nothing undone)."""
     sites = list(sites)
-    incidences: dict[str, list[Incidence]] = defaultdict(list)
-    for site in sites:
-        for seg in site.axis.segments:
-            if any(f.space not in problem.spaces for f in seg.factors):
-                return False
-            for pos, f in enumerate(seg.factors):
-                incidences[f.space].append(Incidence(f"site:{site.name}", 0, seg, pos))
-    pairs = joint_pairs(problem, incidences)
+    if any(f.space not in problem.spaces for site in sites for seg in site.axis.segments for f in seg.factors):
+        return False
+    pairs = joint_pairs(problem, _site_incidences((site.name, site.axis.segments) for site in sites))
     for site in sites:
         for seg in site.axis.segments:
             f = seg.factors
@@ -189,6 +168,16 @@ def site_statistics_supported(problem: Problem, sites: Iterable[Site]) -> bool:
                 if not all(_is_permutation(problem, x.space) for x in f[:pos]):
                     return False
     return True
+
+
+def _site_incidences(sites: Iterable[tuple[str, Iterable[Segment]]]) -> dict[str, list[Incidence]]:
+    """Space -> where it acts on the sites (name, segments): param ``site:NAME``, axis 0."""
+    out: dict[str, list[Incidence]] = defaultdict(list)
+    for name, segments in sites:
+        for seg in segments:
+            for pos, f in enumerate(seg.factors):
+                out[f.space].append(Incidence(f"site:{name}", 0, seg, pos))
+    return out
 
 
 def _on_device(b: SiteBlock, device: torch.device) -> SiteBlock:
@@ -223,18 +212,10 @@ class SiteStatistics:
         dev, dt = ctx.device, ctx.dtype
         sites = [SiteStats(s.name, [_on_device(b, dev) for b in s.blocks], s.names) for s in sites]
         self.sites = {s.name: s for s in sites}
-        self.elements: dict[str, Element] = {}
-        for name, si in problem.spaces.items():
-            e = init.get(name) if init else None
-            self.elements[name] = si.group.to(e, dtype=dt, device=dev) if e is not None else si.group.identity(dtype=dt, device=dev)
+        self.elements = initial_elements(problem, init, dt, dev)
         #: space -> its incidences (param: ``site:NAME``, axis 0, the block's segment)
-        self.incidences: dict[str, list[Incidence]] = defaultdict(list)
-        self._block: dict[tuple[str, Segment], SiteBlock] = {}
-        for s in sites:
-            for b in s.blocks:
-                self._block[(s.name, b.segment)] = b
-                for pos, f in enumerate(b.segment.factors):
-                    self.incidences[f.space].append(Incidence(f"site:{s.name}", 0, b.segment, pos))
+        self.incidences = _site_incidences((s.name, [b.segment for b in s.blocks]) for s in sites)
+        self._block = {(s.name, b.segment): b for s in sites for b in s.blocks}
         self.values: dict[str, Value] = {}
         self._objectives()
 
@@ -273,28 +254,13 @@ class SiteStatistics:
     # -- terms ---------------------------------------------------------------------------------
     def terms(self, space: str, partner: str | None = None, trusted: Set[str] | None = None) -> list[Term]:
         out: list[Term] = []
-        for inc, role, inner_var in self._roles(space, partner):
+        for inc, role, inner_var in incidence_roles(self.incidences, space, partner):
             b = self._block[(inc.param[5:], inc.segment)]
             f = inc.segment.factors
             left = f[: inc.position]
             right = f[inc.position + (2 if role == "pair" else 1):]
             out.append(self._term(b, left, right, inc, role, inner_var))
         return out
-
-    def _roles(self, space: str, partner: str | None) -> list[tuple[Incidence, str, str | None]]:
-        incs: list[tuple[Incidence, str, str | None]] = []
-        for inc in self.incidences[space]:
-            f = inc.segment.factors
-            nxt = f[inc.position + 1] if inc.position + 1 < len(f) else None
-            if partner is not None and nxt is not None and nxt.space == partner:
-                incs.append((inc, "pair", nxt.variance))
-            else:
-                incs.append((inc, "outer", None))
-        if partner is not None:
-            for inc in self.incidences[partner]:
-                if not (inc.position > 0 and inc.segment.factors[inc.position - 1].space == space):
-                    incs.append((inc, "inner", None))
-        return incs
 
     def _term(self, b: SiteBlock, left: tuple[Any, ...], right: tuple[Any, ...], inc: Incidence, role: str,
               inner_var: str | None) -> Term:
@@ -391,21 +357,13 @@ class CombinedStatistics:
         return any(p.active(space) for p in self.providers)
 
     def pairs(self) -> dict[str, str]:
-        """Joint pairs over every provider's incidences (where they say them; otherwise
-        the first provider's pairs that no other contradicts)."""
-        incs = [getattr(p, "incidences", None) for p in self.providers]
-        if all(i is not None for i in incs):
-            merged: dict[str, list[Incidence]] = defaultdict(list)
-            for i in incs:
-                for s, xs in i.items():  # type: ignore[union-attr]
-                    merged[s].extend(xs)
-            return joint_pairs(self.problem, merged)
-        out: dict[str, str] = {}
+        """Joint pairs over every provider's incidences (each provider says them:
+        :class:`~.weight_statistics.WeightStatistics` and :class:`SiteStatistics` do)."""
+        merged: dict[str, list[Incidence]] = defaultdict(list)
         for p in self.providers:
-            for s, t in p.pairs().items():
-                if not {s, t} & (set(out) | set(out.values())):
-                    out[s] = t
-        return out
+            for space, incs in p.incidences.items():  # type: ignore[attr-defined]
+                merged[space].extend(incs)
+        return joint_pairs(self.problem, merged)
 
     def terms(self, space: str, partner: str | None = None, trusted: Set[str] | None = None) -> list[Term]:
         return [t for p in self.providers if p.active(space) or (partner is not None and p.active(partner))

@@ -64,6 +64,36 @@ def joint_pairs(problem: Problem, incidences: Mapping[str, list[Incidence]]) -> 
     return pairs
 
 
+def initial_elements(problem: Problem, init: Mapping[str, Element] | None, dtype: torch.dtype,
+                     device: torch.device) -> dict[str, Element]:
+    """Every space's starting element: ``init``'s (None or a space left out: the
+    identity), in ``dtype`` on ``device``."""
+    out: dict[str, Element] = {}
+    for name, si in problem.spaces.items():
+        e = init.get(name) if init else None
+        out[name] = si.group.to(e, dtype=dtype, device=device) if e is not None else si.group.identity(dtype=dtype, device=device)
+    return out
+
+
+def incidence_roles(incidences: Mapping[str, list[Incidence]], space: str,
+                    partner: str | None) -> list[tuple[Incidence, str, str | None]]:
+    """Every incidence of ``space`` (and of its ``partner``) with its role in the pair
+    and, for ``pair`` terms, the inner space's variance."""
+    incs: list[tuple[Incidence, str, str | None]] = []
+    for inc in incidences.get(space, []):
+        f = inc.segment.factors
+        nxt = f[inc.position + 1] if inc.position + 1 < len(f) else None
+        if partner is not None and nxt is not None and nxt.space == partner:
+            incs.append((inc, "pair", nxt.variance))
+        else:
+            incs.append((inc, "outer", None))
+    if partner is not None:
+        for inc in incidences.get(partner, []):
+            if not (inc.position > 0 and inc.segment.factors[inc.position - 1].space == space):
+                incs.append((inc, "inner", None))
+    return incs
+
+
 def _weighted_gram(x: torch.Tensor, w: float) -> torch.Tensor:
     return w * (x @ x.mT)
 
@@ -132,10 +162,7 @@ class WeightStatistics:
         # gives them back stored
         self.a = {p: problem.params[p].viewed(sd_a[p].detach().to(device=dev, dtype=dt)) for p in self.weight}
         self.b0 = {p: problem.params[p].viewed(sd_b[p].detach().to(device=dev, dtype=dt)) for p in self.weight}
-        self.elements: dict[str, Element] = {}
-        for name, si in problem.spaces.items():
-            e = init.get(name) if init else None
-            self.elements[name] = si.group.to(e, dtype=dt, device=dev) if e is not None else si.group.identity(dtype=dt, device=dev)
+        self.elements = initial_elements(problem, init, dt, dev)
         self.incidences: dict[str, list[Incidence]] = defaultdict(list)
         for name in problem.spaces:
             for inc in problem.incidences(name):
@@ -367,7 +394,7 @@ class WeightStatistics:
 
     # -- terms ---------------------------------------------------------------------------------
     def terms(self, space: str, partner: str | None = None, trusted: Set[str] | None = None) -> list[Term]:
-        incs = self._roles(space, partner)
+        incs = incidence_roles(self.incidences, space, partner)
         unit = {space} if partner is None else {space, partner}
         if trusted is not None:
             keep = [x for x in incs if self.problem.params[x[0].param].spaces() - unit <= trusted]
@@ -404,23 +431,6 @@ class WeightStatistics:
                                       role=role, inner_variance=inner_var))
             out.append(parts[0] if len(parts) == 1 else SumTerm(parts))
         return out
-
-    def _roles(self, space: str, partner: str | None) -> list[tuple[Incidence, str, str | None]]:
-        """Every incidence of ``space`` (and of its ``partner``) with its role in the pair
-        and, for ``pair`` terms, the inner space's variance."""
-        incs: list[tuple[Incidence, str, str | None]] = []
-        for inc in self.incidences[space]:
-            f = inc.segment.factors
-            nxt = f[inc.position + 1] if inc.position + 1 < len(f) else None
-            if partner is not None and nxt is not None and nxt.space == partner:
-                incs.append((inc, "pair", nxt.variance))
-            else:
-                incs.append((inc, "outer", None))
-        if partner is not None:
-            for inc in self.incidences[partner]:
-                if not (inc.position > 0 and inc.segment.factors[inc.position - 1].space == space):
-                    incs.append((inc, "inner", None))
-        return incs
 
     def _undo(self, inc: Incidence, role: str, partner: str | None, inv: Mapping[str, Element]) -> Any:
         """What takes the current elements off a term's data: the space's (and, for a
