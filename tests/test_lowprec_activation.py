@@ -76,7 +76,12 @@ def test_an_endpoint_module_shares_the_working_weights() -> None:
     assert torch.equal(shared(x).logits, owned(x).logits)
 
 
-def test_a_tied_module_shares_neither_twin() -> None:
+def test_a_tied_module_shares_both_twins_once_untied() -> None:
+    """An embedding tied to its head that canonical form unties: each of the endpoint
+    module's twins is the state's own tensor (no copy: at Qwen2-0.5B two copies of a
+    545 MB table per model), and the module computes what an owning copy computes.
+    Where the tie stays (``canonical=False``), the module's one tensor is fresh storage:
+    one name's tensor for both would be written over by loading the other's."""
     model = ZOO["llama_tied"](seed=0, n_layer=1, vocab=VOCAB)[0] if "llama_tied" in ZOO else None
     if model is None:
         pytest.skip("no tied Llama in the zoo")
@@ -84,7 +89,20 @@ def test_a_tied_module_shares_neither_twin() -> None:
     bound = symspec.bind("llama", model)
     state = symspec.canonicalize_state_dict(bound, {k: v.float() for k, v in model.state_dict().items()})
     before = {k: v.clone() for k, v in state.items()}
-    got = canonical_module(bound, model, state, share=True).state_dict()
-    for k in ("model.embed_tokens.weight", "lm_head.weight"):
-        assert got[k].data_ptr() != state[k].data_ptr() and torch.equal(got[k], state[k])
+    shared = canonical_module(bound, model, state, share=True)
+    got = shared.state_dict()
+    twins = ("model.embed_tokens.weight", "lm_head.weight")
+    for k in twins:
+        assert got[k].data_ptr() == state[k].data_ptr() and torch.equal(got[k], state[k])
+    assert shared.lm_head.weight is not shared.model.embed_tokens.weight
+    assert not any(t.is_meta for t in shared.state_dict().values())
     assert all(torch.equal(state[k], before[k]) for k in state)
+    x = torch.randint(VOCAB, (2, 8))
+    owned = canonical_module(bound, model, state)
+    assert not any(owned.state_dict()[k].data_ptr() == state[k].data_ptr() for k in twins)
+    assert torch.equal(shared(x).logits, owned(x).logits)
+    raw = {k: v.float() for k, v in model.state_dict().items()}
+    kept = canonical_module(bound, model, raw, canonical=False, share=True)
+    assert kept.lm_head.weight is kept.model.embed_tokens.weight
+    assert kept.lm_head.weight.data_ptr() != raw["lm_head.weight"].data_ptr()
+    assert torch.equal(kept.lm_head.weight, raw["lm_head.weight"])

@@ -44,7 +44,11 @@ class ActivationOptions:
     ``moments``: a dict shared by the methods that read the same statistics (``auto``
     gives one to ``activation`` and ``weight+activation``): the first collects them into
     it, the next reuses them, and none lets them go while factoring (None: collected and
-    released as factored)."""
+    released as factored). ``spill``: where the statistics' large blocks (16 MiB or more
+    each) wait for the descent: ``True`` a private folder under the system's temporary
+    folder (``TMPDIR``), where it has room for them (else in memory, with a warning);
+    a folder's path, there (an error where it cannot hold them); ``False`` in memory
+    (:mod:`symspec.solvers.engine.spill`)."""
 
     batches: int | None = 32
     normalize: str = "correlation"
@@ -53,6 +57,7 @@ class ActivationOptions:
     ridge: float = 1e-3
     solver: Any = None
     moments: dict[str, Any] | None = None
+    spill: bool | str = True
 
 
 def options_of(tuning: Any, **defaults: Any) -> ActivationOptions:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -38,11 +39,14 @@ from ..solvers.engine.site_statistics import (
     merge_site_stats,
     site_statistics_supported,
     site_stats,
+    spill_blocks,
 )
+from ..solvers.engine.spill import SPILL_MIN_BYTES
 from ..solvers.engine.weight_statistics import WeightStatistics
 from ..statedict import working_dtype
 from .activation import ActivationMatching, TokenWeightedMatching, options_of
 from .protocol import Alignment, AlignOptions, Endpoint
+from .stage_plan import STAGE_BYTES, _span, kept_bytes, open_spill, plan_stages
 
 __all__ = ["SiteCollection", "align_activation", "align_token_weighted", "collect_moments", "collect_site_stats",
            "micro_batches", "plan_stages", "token_counts"]
@@ -67,7 +71,7 @@ def align_activation(method: ActivationMatching, problem: Problem, a: Endpoint, 
         with timer("statistics"):
             collection = collect_site_stats(a.module, problem, a.state, b.state, options.data, batches=opts.batches,
                                             device=options.device, sites=opts.sites, normalize=opts.normalize,
-                                            dtype=dtype, progress=options.progress)
+                                            dtype=dtype, progress=options.progress, spill=opts.spill)
         if collection is not None and shared is not None:
             shared.update(key=key, collection=collection)
     if collection is not None:
@@ -284,15 +288,6 @@ def _statistics_pass(module: torch.nn.Module, problem: Problem, data: Any, batch
         module.train(training)
 
 
-#: memory kept free beside a staged pass's statistics, of what the machine has free: the
-#: descent after it holds B's working copy and the objective's temporaries
-STAGE_RESERVE = 0.15
-
-#: at most this many bytes of float64 moments and float32 accumulators per stage (or one
-#: site's, where larger), whatever the memory free: a stage costs no arithmetic (every
-#: node runs once whatever the stages), so a pass holds no more than this beside the
-#: statistics (GPT-2 small: 1.4 GB of moments at once in one pass)
-STAGE_BYTES = 1 << 29
 
 
 def collect_site_stats(module: torch.nn.Module, problem: Problem, state_a: Mapping[str, torch.Tensor],
@@ -300,7 +295,8 @@ def collect_site_stats(module: torch.nn.Module, problem: Problem, state_a: Mappi
                        device: torch.device | str = "cpu", sites: str = "read", normalize: str = "correlation",
                        dtype: torch.dtype = torch.float32, progress: Callable[[MatchEvent], None] | None = None,
                        micro_bytes: int = MICRO_BYTES, available: int | None = None,
-                       stage_bytes: int = STAGE_BYTES) -> SiteCollection | None:
+                       stage_bytes: int = STAGE_BYTES, spill: bool | str | os.PathLike[str] = True,
+                       spill_min: int | None = None) -> SiteCollection | None:
     """The sites' statistics (:class:`~symspec.solvers.engine.site_statistics.SiteStats`,
     per token, in ``dtype``), or None where a site's factors need the factored form
     (:func:`collect_moments`).
@@ -312,17 +308,24 @@ def collect_site_stats(module: torch.nn.Module, problem: Problem, state_a: Mappi
     its span of the graph over every micro-batch, A's and B's, from the values the span
     before left (a residual stream, kept per micro-batch), so every node still runs once per micro-batch and model. At the end of
     a stage its sites' moments become statistics in ``dtype`` (alike sites added into
-    one) and are let go. ``available``: the bytes free to plan with (default: what the
-    machine has free)."""
+    one) and are let go; their blocks of ``spill_min`` bytes (default
+    :data:`~symspec.solvers.engine.spill.SPILL_MIN_BYTES`) or more are written to disk
+    (``spill``: :class:`~.activation.ActivationOptions`), read back as the descent
+    solves a space over them. ``available``: the bytes free to plan with (default: what
+    the machine has free)."""
     say = progress or (lambda event: None)
+    spill_min = SPILL_MIN_BYTES if spill_min is None else spill_min
     with _statistics_pass(module, problem, data, batches, sites, micro_bytes) as run:
         found, pieces, recorder = run.found, run.pieces, run.recorder
         if not site_statistics_supported(problem, found):
             return None
         planned = ActivationMoments.empty(found, "meta", problem)
         features = _feature_bytes(found, pieces[0][0], run.dtype)
+        store = open_spill(spill, kept_bytes(found, planned, dtype, spill_min)[1])
         stages = plan_stages(found, planned, recorder.order(pieces[0][0]), dtype, type(module).__name__,
-                             available=available, features=features, stage_bytes=stage_bytes)
+                             available=available if available is not None else available_memory(),
+                             features=features, stage_bytes=stage_bytes,
+                             spill_min=spill_min if store is not None else None)
         by_name = {s.name: s for s in found}
         env_a: list[list[Any]] = [[None] * len(p) for p in pieces]
         env_b: list[list[Any]] = [[None] * len(p) for p in pieces]
@@ -352,71 +355,17 @@ def collect_site_stats(module: torch.nn.Module, problem: Problem, state_a: Mappi
             for space, xs in e.items():
                 energy.setdefault(space, []).extend(xs)
             stats = merge_site_stats([*stats, *new])
+            if store is not None:
+                spill_blocks(stats, store, spill_min)
             del moments, new
     described = {"sites": len(found), "features": sum(s.size for s in found), "batches": len(run.todo),
                  "tokens": _tokens(run.todo), "bytes": planned.bytes, "stage_bytes": peak, "stages": len(stages),
                  "blocks": sum(len(m.gram) for m in planned.moments.values()),
                  "gram_blocks": sum(1 for m in planned.moments.values() for g in m.gram if g is not None),
-                 "merged_sites": len(stats), "statistics_bytes": sum(s.bytes for s in stats)}
+                 "merged_sites": len(stats), "statistics_bytes": sum(s.bytes + s.disk_bytes for s in stats),
+                 "spilled_bytes": sum(s.disk_bytes for s in stats),
+                 "spill_folder": store.parent if store is not None else None}
     return SiteCollection(stats, energy, found, described)
-
-
-def plan_stages(found: tuple[Site, ...], planned: ActivationMoments, order: Mapping[str, int], dtype: torch.dtype,
-                model: str, *, available: int | None = None, features: int = 0,
-                stage_bytes: int = STAGE_BYTES) -> list[list[str]]:
-    """The sites in stages, in the order their nodes run: as many per stage as fit in
-    ``stage_bytes`` and in the memory free (``available``, default what the machine has
-    free) once the statistics of every site (in ``dtype``, alike sites counted once: they
-    are added into one), one batch's features and
-    :data:`STAGE_RESERVE` are set aside, a site counting its float64 moments and their
-    float32 accumulators (1.5 times the moments). Refused in one line where one site
-    alone does not fit."""
-    names = sorted((s.name for s in found), key=lambda n: order[n])
-    work = {n: planned.moments[n].bytes * 3 // 2 for n in names}
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    # the statistics kept: one per structure, alike sites being added into one (merge_site_stats)
-    by_site = {s.name: s for s in found}
-    kept: dict[Any, int] = {}
-    for n in names:
-        shape = tuple((seg, g is not None) for seg, g in zip(by_site[n].axis.segments, planned.moments[n].gram))
-        kept[shape] = planned.moments[n].bytes * itemsize // 8
-    compact = sum(kept.values())
-    free = available if available is not None else available_memory()
-    biggest = max(names, key=lambda n: work[n])
-    room = int(free * (1 - STAGE_RESERVE)) - compact - features if free is not None else stage_bytes
-    if work[biggest] > room:
-        need = (work[biggest] + compact + features) / (1 - STAGE_RESERVE)
-        raise SymspecInputError(
-            f"activation statistics of {model} need about {_gb(need)} (the statistics of {len(names)} sites, "
-            f"{len(kept)} once alike ones are added, "
-            f"in {str(dtype).removeprefix('torch.')}, {_gb(compact)}, and the float64 moments of the largest, "
-            f"{biggest}, while they are collected), more than the {_gb(free)} this machine has free; align "
-            "with --method weight (data-free), or on a machine with more memory")
-    room = min(room, max(stage_bytes, work[biggest]))
-    stages: list[list[str]] = [[]]
-    held = 0
-    for n in names:
-        if stages[-1] and held + work[n] > room:
-            stages.append([])
-            held = 0
-        stages[-1].append(n)
-        held += work[n]
-    return stages
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.3g} GB"
-
-
-def _span(order: Mapping[str, int], stages: list[list[str]], k: int) -> tuple[int, int]:
-    """Stage ``k``'s span of the nodes of a trace (positions ``order``): from the end of
-    the stage before to just after its own last site."""
-    lo = max((order[n] for n in stages[k - 1]), default=-1) + 1 if k else 0
-    hi = max(order[n] for n in stages[k]) + 1
-    if any(not lo <= order[n] < hi for n in stages[k]):
-        raise SymspecInputError("the traces of two batch shapes order the activation sites differently; "
-                                "give batches of one shape")
-    return lo, hi
 
 
 def _kept(fa: dict[str, torch.Tensor], moments: ActivationMoments) -> Callable[[str, torch.Tensor], None]:

@@ -164,19 +164,58 @@ def canonical_module(bound: BoundSpec, model: torch.nn.Module, state: Mapping[st
     for t in itertools.chain(model.parameters(), model.buffers()):
         if t.is_floating_point() and id(t) in written and id(t) not in memo:
             src = written[id(t)][0]
-            # a tensor tied under several names (that canonical form may untie) is never
-            # shared: loading one name's value would write over another name's tensor
-            fits = share and len(written[id(t)]) == 1 and src.shape == t.shape and src.device == t.device
-            data = src.detach() if fits else torch.empty(t.shape, dtype=src.dtype, device=t.device)
+            fits = share and src.shape == t.shape and src.device == t.device
+            if fits and len(written[id(t)]) == 1:
+                data = src.detach()
+            elif fits and canonical:
+                # tied under several names (an embedding and its head): a placeholder, no
+                # storage; once canonical form has untied the names, each takes its own
+                # state tensor (_adopt_states). Never one name's tensor for all: loading
+                # another name's value would write over it
+                data = torch.empty(t.shape, dtype=src.dtype, device="meta")
+            else:
+                data = torch.empty(t.shape, dtype=src.dtype, device=t.device)
             memo[id(t)] = torch.nn.Parameter(data, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else data
     out = copy.deepcopy(model, memo)
     if canonical:
         canonicalize_structure(bound, out)
+    adopted = _adopt_states(out, state) if share else []
     own = out.state_dict()
-    shared = {id(v) for v in memo.values()} if share else set()
+    shared = {id(v) for v in [*memo.values(), *adopted]} if share else set()
     out.load_state_dict({k: v for k, v in state.items() if k in own and not _same_storage(own[k], v, shared)},
                         strict=False)
     return out.eval() if not model.training else out
+
+
+def _adopt_states(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """Every placeholder (meta) tensor of ``module`` given storage: ``state``'s own tensor
+    where one name holds it (no copy), else fresh storage that loading will fill (a tie
+    canonical form keeps: one tensor for its names). Returns the tensors shared."""
+    names: dict[int, list[str]] = {}
+    held: dict[int, torch.Tensor] = {}
+    for k, t in module.state_dict(keep_vars=True).items():
+        if t.is_meta:
+            names.setdefault(id(t), []).append(k)
+            held[id(t)] = t
+    shared = []
+    for tid, ks in names.items():
+        t = held[tid]
+        src = state.get(ks[0]) if len(ks) == 1 else None
+        if src is not None and src.shape == t.shape and src.dtype == t.dtype:
+            data = src.detach()
+            shared.append(data)
+        else:
+            device = next((state[k].device for k in ks if k in state), torch.device("cpu"))
+            data = torch.empty(t.shape, dtype=t.dtype, device=device)
+        new = torch.nn.Parameter(data, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else data
+        for k in ks:
+            prefix, _, attr = k.rpartition(".")
+            owner = module.get_submodule(prefix) if prefix else module
+            if attr in owner._parameters:
+                owner._parameters[attr] = new  # type: ignore[assignment]
+            else:
+                owner._buffers[attr] = new
+    return shared
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor, shared: set[int]) -> bool:

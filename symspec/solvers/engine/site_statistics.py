@@ -43,37 +43,54 @@ from ...groups import Element
 from ...problem import Incidence, Problem, Segment, Site
 from .activation_statistics import ActivationMoments, _diag_roots, _gram_roots, readable_sites
 from .base import SolveContext, StatTerm, Term
+from .spill import SPILL_MIN_BYTES, Spilled, SpillStore, held
 from .statistics import StatisticsProvider, Trial, Value, same_element
 from .weight_statistics import incidence_roles, initial_elements, joint_pairs
 
 __all__ = ["CombinedStatistics", "SiteBlock", "SiteStatistics", "SiteStats", "merge_site_stats",
-           "site_statistics_supported", "site_stats"]
+           "site_statistics_supported", "site_stats", "spill_blocks"]
 
 
 @attrs.define
 class SiteBlock:
-    """One segment of a site: its statistics in the segment's (concatenated) order."""
+    """One segment of a site: its statistics in the segment's (concatenated) order. The
+    two square ones, ``cross`` and ``gram``, may be on disk (:class:`~.spill.Spilled`,
+    :func:`spill_blocks`): read them with :func:`~.spill.held`."""
 
     segment: Segment
-    cross: torch.Tensor
-    gram: torch.Tensor | None
+    cross: torch.Tensor | Spilled
+    gram: torch.Tensor | Spilled | None
     gdiag: torch.Tensor
     asq: torch.Tensor
 
+    def _all(self) -> list[Any]:
+        return [self.cross, self.gdiag, self.asq, *([self.gram] if self.gram is not None else [])]
+
     @property
     def bytes(self) -> int:
-        held = [self.cross, self.gdiag, self.asq, *([self.gram] if self.gram is not None else [])]
-        return sum(t.numel() * t.element_size() for t in held)
+        """Bytes held in memory."""
+        return sum(t.numel() * t.element_size() for t in self._all() if isinstance(t, torch.Tensor))
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes on disk."""
+        return sum(t.nbytes for t in self._all() if isinstance(t, Spilled))
 
     def scaled(self, s2: float, in_place: bool = False) -> SiteBlock:
-        """Every statistic times ``s2`` (``in_place``: this block's tensors, returned)."""
+        """Every statistic times ``s2`` (``in_place``: this block's tensors, returned; a
+        spilled one is read back scaled, its file shared)."""
+        def times(t: Any) -> Any:
+            if t is None:
+                return None
+            if isinstance(t, Spilled):
+                return t.scaled(s2)
+            return t.mul_(s2) if in_place else t * s2
+
+        out = SiteBlock(self.segment, times(self.cross), times(self.gram), times(self.gdiag), times(self.asq))
         if in_place:
-            for t in (self.cross, self.gram, self.gdiag, self.asq):
-                if t is not None:
-                    t.mul_(s2)
+            self.cross, self.gram = out.cross, out.gram
             return self
-        g = None if self.gram is None else self.gram * s2
-        return SiteBlock(self.segment, self.cross * s2, g, self.gdiag * s2, self.asq * s2)
+        return out
 
 
 @attrs.define
@@ -88,6 +105,10 @@ class SiteStats:
     @property
     def bytes(self) -> int:
         return sum(b.bytes for b in self.blocks)
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(b.disk_bytes for b in self.blocks)
 
     def energy(self) -> float:
         """``E||a||^2 + E||b||^2``."""
@@ -135,13 +156,27 @@ def merge_site_stats(stats: Iterable[SiteStats]) -> list[SiteStats]:
             out[key] = SiteStats(s.name, [attrs.evolve(b) for b in s.blocks], s.names or (s.name,))
             continue
         for mine, theirs in zip(have.blocks, s.blocks):
-            mine.cross = mine.cross + theirs.cross
+            mine.cross = held(mine.cross) + held(theirs.cross)
             mine.gdiag = mine.gdiag + theirs.gdiag
             mine.asq = mine.asq + theirs.asq
             if mine.gram is not None and theirs.gram is not None:
-                mine.gram = mine.gram + theirs.gram
+                mine.gram = held(mine.gram) + held(theirs.gram)
         have.names = (*have.names, *(s.names or (s.name,)))
     return list(out.values())
+
+
+def spill_blocks(stats: Iterable[SiteStats], store: SpillStore, min_bytes: int = SPILL_MIN_BYTES) -> int:
+    """Every block's ``cross`` and ``gram`` of at least ``min_bytes`` written to ``store``
+    (in place: the block then names its file); returns the bytes written."""
+    written = 0
+    for s in stats:
+        for b in s.blocks:
+            for field in ("cross", "gram"):
+                t = getattr(b, field)
+                if isinstance(t, torch.Tensor) and t.numel() * t.element_size() >= min_bytes:
+                    setattr(b, field, store.put(t))
+                    written += t.numel() * t.element_size()
+    return written
 
 
 def _is_permutation(problem: Problem, space: str) -> bool:
@@ -181,8 +216,11 @@ def _site_incidences(sites: Iterable[tuple[str, Iterable[Segment]]]) -> dict[str
 
 
 def _on_device(b: SiteBlock, device: torch.device) -> SiteBlock:
-    g = None if b.gram is None else b.gram.to(device)
-    return SiteBlock(b.segment, b.cross.to(device), g, b.gdiag.to(device), b.asq.to(device))
+    """The block's tensors on ``device``; spilled ones stay on disk (read onto it when used)."""
+    def move(t: Any) -> Any:
+        return t.to(device) if isinstance(t, torch.Tensor) else t
+
+    return SiteBlock(b.segment, move(b.cross), move(b.gram), b.gdiag.to(device), b.asq.to(device))
 
 
 def _apply(problem: Problem, factors: Iterable[Any], x: torch.Tensor, elements: Mapping[str, Element],
@@ -266,9 +304,9 @@ class SiteStatistics:
               inner_var: str | None) -> Term:
         """The block as the space sees it: A with ``left`` undone (permutations: its
         per-feature energies move with it), B with ``right`` applied."""
-        dt = self.ctx.dtype
+        dt, dev = self.ctx.dtype, self.ctx.device
         el = self.elements
-        cross, asq = b.cross.to(dt), b.asq.to(dt)
+        cross, asq = held(b.cross, dev).to(dt), b.asq.to(dt)
         if left:
             cross = _apply(self.problem, left, cross, el, inverse=True)
             asq = _apply(self.problem, left, asq[:, None], el, inverse=True)[:, 0]
@@ -276,7 +314,7 @@ class SiteStatistics:
             cross = _apply(self.problem, right, cross.mT, el).mT
         gram: torch.Tensor | Callable[[], torch.Tensor]
         if b.gram is not None:
-            g = b.gram.to(dt)
+            g = held(b.gram, dev).to(dt)
             if right:
                 g = _apply(self.problem, right, _apply(self.problem, right, g, el).mT, el)
             gram, gdiag = g, g.diagonal()
@@ -308,9 +346,10 @@ class SiteStatistics:
             eps = torch.finfo(b.cross.dtype).eps
             factors = b.segment.factors
             a_sq = float(b.asq.to(f64).sum())
-            dot = float(_apply(self.problem, factors, b.cross.to(f64).mT, el).diagonal().sum())
+            dev = b.asq.device
+            dot = float(_apply(self.problem, factors, held(b.cross, dev).to(f64).mT, el).diagonal().sum())
             if b.gram is not None:
-                g = b.gram.to(f64)
+                g = held(b.gram, dev).to(f64)
                 b_sq = float(_apply(self.problem, factors, _apply(self.problem, factors, g, el).mT, el).diagonal().sum())
             elif all(self.problem.spaces[f.space].group.is_orthogonal(f.path) and f.variance != "abs" for f in factors):
                 b_sq = float(b.gdiag.to(f64).sum())
