@@ -327,3 +327,25 @@ canonicalize:
     assert loads_spec(base % ', bias: "blocks.{i}.b"').canonicalize
     errs = errors_of(base % ', bias: "blocks.{j}.b"')
     assert len(errs) == 1 and "'blocks.{j}.b' uses captures that neither the gain 'norm.weight' nor its weight" in errs[0]
+
+
+def test_a_fold_norm_reader_lacking_a_capture_of_the_gain_is_refused_at_load() -> None:
+    """A mistyped capture ('{j}' for '{i}') would fold every layer's norm into every
+    layer's reader: refused when the spec is read, naming the capture; the reader that
+    captures what the gain does (the control) loads."""
+    base = MINIMAL.replace("  w: [resid, resid*]\n", """\
+  blocks.{i}.w: [resid, resid*]
+  blocks.{i}.norm: invariant
+  head.w: [resid, resid*]
+canonicalize:
+  - fold_norm:
+      gain: "blocks.{i}.norm"
+      fold_bias: false
+      into:
+        - {weight: "%s", axis: 1}
+""")
+    assert loads_spec(base % "blocks.{i}.w").canonicalize
+    for reader, missing in (("blocks.{j}.w", "{i}"), ("head.w", "{i}")):
+        errs = errors_of(base % reader)
+        assert len(errs) == 1, errs
+        assert f"the reader '{reader}' does not capture {missing}, which the gain 'blocks.{{i}}.norm' does" in errs[0]

@@ -80,7 +80,9 @@ def _fold_norm_captures(src: Source, path: KeyPath, args: dict[str, Any]) -> Non
     """The norm's bias is filled from the gain's captures. A reader may have captures the
     gain lacks (one final norm read by a layer of every block: T5's encoder output, read
     by every cross-attention's keys and values): the gain is folded into every weight the
-    reader's pattern matches, and the reader's bias uses the weight's captures."""
+    reader's pattern matches, and the reader's bias uses the weight's captures. A reader
+    must capture every capture of the gain: else each of the gain's matches folds into
+    the same weights (a mistyped ``{j}`` for ``{i}``)."""
     if "gain" not in args:
         return
     primary = set(captures_of(args["gain"]))
@@ -89,6 +91,12 @@ def _fold_norm_captures(src: Source, path: KeyPath, args: dict[str, Any]) -> Non
         src.error(path, f"'{bias}' uses captures that the gain '{args['gain']}' does not have")
     for r in args.get("into", []):
         w, rb = r.get("weight"), r.get("bias")
+        missing = sorted(primary - set(captures_of(w))) if w else []
+        if missing:  # a mistyped capture ('{j}' for '{i}'): every layer's gain into one reader
+            names = ", ".join("{" + m + "}" for m in missing)
+            src.error(path, f"the reader '{w}' does not capture {names}, which the gain '{args['gain']}' does: "
+                      "every gain it matches would be folded into the same weights (a weight reads one norm); "
+                      f"use {names} in the reader's name")
         if w and rb and not set(captures_of(rb)) <= set(captures_of(w)) | primary:
             src.error(path, f"'{rb}' uses captures that neither the gain '{args['gain']}' nor its weight '{w}' has")
 
