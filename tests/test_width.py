@@ -49,6 +49,25 @@ def test_a_lift_keeps_the_function(family: str) -> None:
     assert {s.kind for s in result.changed()} >= {"stiefel", "semiperm", "heads"}
 
 
+def test_a_lift_compares_only_the_outputs_the_spec_names() -> None:
+    """A model that also returns its hidden states (in the residual stream's basis, another
+    width once lifted): with ``outputs: [logits]`` the lift is checked on the logits and
+    passes; without it the hidden states are compared, and the lift is refused in one line
+    saying what to declare (the negative case)."""
+    import attrs
+
+    narrow, inputs = ZOO["llama"]()
+    wide, _ = ZOO["llama"](seed=1, n_head=8, n_kv=4, n_ff=16)
+    inputs = {**inputs, "output_hidden_states": True}
+    spec = load_spec("llama")
+    named = attrs.evolve(spec, outputs=("logits",))
+    result = lift(narrow, wide, named, seed=3, inputs=inputs)
+    assert result.error is not None and result.error < 1e-12
+    assert check_lift(narrow, result.model, inputs, torch.float32, outputs=("logits",)) < 1e-4
+    with pytest.raises(LiftError, match=r"outputs have other shapes .* name the outputs .*'outputs' \(e.g. \[logits\]\)"):
+        lift(narrow, wide, spec, seed=3, inputs=inputs)
+
+
 def _canonical_structure(model: torch.nn.Module, family: str) -> torch.nn.Module:
     import copy
 

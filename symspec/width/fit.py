@@ -316,7 +316,7 @@ def fitted_lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, s
     model.eval()
     error = None
     if inputs is not None:
-        error = check_lift(narrow, model, inputs)
+        error = check_lift(narrow, model, inputs, outputs=ba.problem.outputs)
         if not error <= 1e-9:
             raise LiftError(f"the fitted lift does not compute what the narrow one does (max rel err {error:.2e} in float64)")
     model.to(next(iter(narrow.parameters())).dtype)

@@ -40,14 +40,14 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
 import torch
 
 from ..binding import BoundSpec, bind
-from ..checker import call_forward, cast_inputs, compare, copy_as, flatten_outputs
+from ..checker import call_forward, cast_inputs, compare, copy_as, flatten_outputs, select_outputs
 from ..errors import SymspecInputError
 from ..groups import Group, Heads, NoEntry, RoPE, centred_basis, kind_entry, make_generator
 from ..groups.semiperm import SemiPermutation
@@ -354,7 +354,7 @@ def lift(narrow: torch.nn.Module, wide: torch.nn.Module, spec: Spec, *, seed: in
     out.eval()
     error = None
     if inputs is not None:
-        error = check_lift(narrow, out, inputs)
+        error = check_lift(narrow, out, inputs, outputs=ba.problem.outputs)
         if not error <= rtol:
             widths = ", ".join(s.describe() for s in lifts.values() if s.narrow != s.wide)
             raise LiftError(f"the lifted model does not compute what the narrow one does (max rel err {error:.2e} > {rtol:.0e} "
@@ -401,13 +401,20 @@ def lift_needed(spec: Any, wide: torch.nn.Module, narrow: torch.nn.Module) -> di
         return {}
 
 
-def check_lift(narrow: torch.nn.Module, lifted: torch.nn.Module, inputs: Any, dtype: torch.dtype = torch.float64) -> float:
-    """Max relative difference of the two models' outputs on ``inputs`` in ``dtype``."""
+def check_lift(narrow: torch.nn.Module, lifted: torch.nn.Module, inputs: Any, dtype: torch.dtype = torch.float64,
+               outputs: Sequence[str] = ()) -> float:
+    """Max relative difference of the two models' outputs on ``inputs`` in ``dtype``:
+    ``outputs`` of them (the spec's, :func:`~symspec.checker.select_outputs`), all where
+    empty. A hidden state in the residual stream's basis is another width once lifted."""
     a, b = copy_as(narrow, dtype), copy_as(lifted, dtype)
     x = cast_inputs(inputs, dtype)
     keep = KeepFloat64() if dtype == torch.float64 else None
-    ya = flatten_outputs(call_forward(a, x, keep))
-    yb = flatten_outputs(call_forward(b, x, keep))
+    ya = flatten_outputs(select_outputs(call_forward(a, x, keep), outputs))
+    yb = flatten_outputs(select_outputs(call_forward(b, x, keep), outputs))
+    if [t.shape for t in ya] != [t.shape for t in yb]:
+        raise LiftError(f"the lifted model's outputs have other shapes than the narrow one's "
+                        f"({[tuple(t.shape) for t in ya]} against {[tuple(t.shape) for t in yb]}); name the outputs "
+                        "its symmetries preserve in the spec's 'outputs' (e.g. [logits])")
     return compare(ya, yb)[1]
 
 
