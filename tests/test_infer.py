@@ -868,3 +868,25 @@ def test_the_built_in_encoder_decoder_specs_recover_a_planted_copy_through_the_c
     with torch.no_grad():
         want = planted.model.eval()(**inputs).logits
         torch.testing.assert_close(written(**inputs).logits, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_returning_hidden_states_gets_outputs_logits() -> None:
+    """A model that returns its hidden states beside its logits (in the residual stream's
+    basis, which a residual map moves): the draft is read against the logits alone and
+    says so (``outputs: [logits]``), keeping the residual's rotation; the same draft
+    without that line fails the check (the hidden states move: the negative case). A
+    model returning its logits alone gets no such line."""
+    import attrs
+
+    model, inputs = ZOO["llama"](n_layer=2)
+    plain = infer(model, inputs)
+    assert plain.passed and plain.spec.outputs == () and "outputs:" not in plain.yaml
+    model.config.output_hidden_states = True
+    result = infer(model, inputs)
+    assert result.passed, result.check.render()
+    assert result.spec.outputs == ("logits",) and "outputs: [logits]" in result.yaml
+    assert {s.name: s.group for s in result.spaces} == {s.name: s.group for s in plain.spaces}
+    assert {s.name: s.group for s in result.spaces}["resid"] == "O(d)"
+    assert loads_spec(result.yaml, "again.yaml").outputs == ("logits",)
+    assert not check(model, attrs.evolve(result.spec, outputs=()), inputs).passed
+    assert check(model, result.spec, inputs, samples=3, seed=7).passed

@@ -15,14 +15,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 import torch
 
-from ..checker import check
+from ..checker import call_forward, check
 from ..errors import DiagnosticsError, GroupError, SymspecInputError
 from ..graph import trace
 from ..progress import Step
@@ -92,9 +94,51 @@ class InferResult:
         }
 
 
-def read_model(model: torch.nn.Module, example_inputs: Any) -> Facts:
-    """Trace ``model`` with torch.export and read the graph (:mod:`.walk`)."""
-    mg = trace(model, example_inputs, methods=("export",))
+def chosen_outputs(model: torch.nn.Module, example_inputs: Any) -> tuple[str, ...]:
+    """The outputs a draft's symmetries are read against (its ``outputs:``): a model's
+    ``logits`` alone where it returns them beside other outputs (hidden states, a key and
+    value cache, an encoder's last state: in the bases the symmetries move, so read as
+    outputs they would leave every space acting on them invariant); every output (empty)
+    otherwise. Runs the model once."""
+    out = call_forward(model, example_inputs)
+    if not isinstance(out, Mapping):
+        return ()
+    logits = out.get("logits")
+    others = [k for k, v in out.items() if k != "logits" and v is not None]
+    return ("logits",) if isinstance(logits, torch.Tensor) and logits.is_floating_point() and others else ()
+
+
+@contextlib.contextmanager
+def returning(model: torch.nn.Module, keys: Sequence[str]) -> Iterator[None]:
+    """``model`` returning only the outputs ``keys`` (a dict of them) while the block runs
+    (its forward wrapped on the instance, keeping its signature: the traced graph's
+    parameters keep their names); nothing changed where ``keys`` is empty."""
+    if not keys:
+        yield
+        return
+    own = model.__dict__.get("forward")
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def only(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        out = forward(*args, **kwargs)
+        return {k: out[k] for k in keys}
+
+    model.forward = only  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if own is not None:
+            model.forward = own  # type: ignore[method-assign]
+        else:
+            del model.forward
+
+
+def read_model(model: torch.nn.Module, example_inputs: Any, outputs: Sequence[str] = ()) -> Facts:
+    """Trace ``model`` with torch.export (returning ``outputs`` alone where given:
+    :func:`returning`) and read the graph (:mod:`.walk`)."""
+    with returning(model, outputs):
+        mg = trace(model, example_inputs, methods=("export",))
     if not mg.traced:
         hint = ""
         config = getattr(model, "config", None)
@@ -162,12 +206,14 @@ def infer(model: torch.nn.Module, example_inputs: Any, *, name: str | None = Non
     was_training = model.training
     model.eval()
     try:
-        facts = read_model(model, example_inputs)
+        outputs = chosen_outputs(model, example_inputs)
+        facts = read_model(model, example_inputs, outputs)
     finally:
         model.train(was_training)
     _refuse_uncovered(facts, cls, source)
     say("reading the graph")
     rounds = _Rounds(model, example_inputs, facts, name, say, dict(samples=samples, seed=seed, dtypes=dtypes))
+    rounds.draft.outputs = outputs
     error: DiagnosticsError | GroupError | None = None
     spec: Any = None
     while True:

@@ -126,6 +126,8 @@ class Draft:
     unexplained: list[tuple[str, str]]
     #: parameter -> the stored axes each bound axis sees (``view:``), for merged expert axes
     views: dict[str, tuple[tuple[int, ...], ...]] = attrs.field(factory=dict)
+    #: the outputs the symmetries are read against (the spec's ``outputs``; empty: all)
+    outputs: tuple[str, ...] = ()
 
 
 def template_of(name: str) -> str:

@@ -47,7 +47,8 @@ def to_spec(draft: Draft) -> tuple[Spec, dict[NoteKey, str]]:
     steps = _steps(draft, notes)
     params = _params(draft, notes)
     spec = Spec(draft.name, 1, f"inferred by symspec infer from the traced graph of {draft.model_class}", (draft.model_class,),
-                tuple(dims), spaces, params, tuple(TieDecl(tuple(t)) for t in draft.ties), steps)
+                tuple(dims), spaces, params, tuple(TieDecl(tuple(t)) for t in draft.ties), steps,
+                outputs=tuple(draft.outputs))
     return spec, notes
 
 
