@@ -7,6 +7,12 @@ of the alphabet (the sorted characters of the file, or of ``alphabet=PATH``). Ei
 way an example is a window of ``block`` inputs whose targets are the next tokens
 (inputs = ids[i:i+block], targets = ids[i+1:i+block+1]); consecutive windows follow one
 another, so a split of n tokens gives (n - 1) // block examples.
+
+An encoder-decoder (a config with ``is_encoder_decoder``: T5, BART) reads each window as
+a continuation task instead: the encoder reads its first half, the decoder is given the
+second half shifted right behind the config's ``decoder_start_token_id`` and is scored
+on predicting it (inputs ``{input_ids, decoder_input_ids, use_cache=False}``, targets
+the second half).
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ from typing import Any
 import torch
 
 from symspec.data.base import (
+    Batch,
     DataError,
     DataRequest,
     EvalData,
     config_int,
     int_option,
     make_batches,
+    model_config,
     parse_fractions,
     read_text,
     register_source,
@@ -71,8 +79,35 @@ def sequence_data(req: DataRequest, name: str, where: Path | str, part: str, who
     body = ids[: windows * length + 1]
     x = body[:-1].view(windows, length)
     y = body[1:].view(windows, length)
-    return EvalData(name, "text", req.split, make_batches(x, y, req.batch_size), cross_entropy, argmax_accuracy,
-                    {**facts, **details})
+    if getattr(model_config(req.model), "is_encoder_decoder", False) is True:
+        batches, facts = _continuations(req, where, x, facts)
+    else:
+        batches = make_batches(x, y, req.batch_size)
+    return EvalData(name, "text", req.split, batches, cross_entropy, argmax_accuracy, {**facts, **details})
+
+
+def _continuations(req: DataRequest, where: Path | str, x: torch.Tensor,
+                   facts: dict[str, Any]) -> tuple[list[Batch], dict[str, Any]]:
+    """An encoder-decoder's batches: each window's first half to the encoder, its second
+    half to predict, given to the decoder shifted right behind the start token."""
+    length = x.shape[1]
+    if length < 2:
+        raise DataError(f"--data {req.source}: an encoder-decoder needs windows of at least 2 tokens "
+                        f"(one to read, one to predict); give block=N with N >= 2")
+    start = config_int(req.model, "decoder_start_token_id")
+    if start is None:
+        raise DataError(f"{where}: {type(req.model).__name__} is an encoder-decoder without "
+                        "config.decoder_start_token_id: the token its decoder starts from is unknown")
+    half = length // 2
+    source, target = x[:, :half].contiguous(), x[:, half:].contiguous()
+    shifted = torch.cat([torch.full_like(target[:, :1], start), target[:, :-1]], dim=1)
+    # no key/value cache: nothing is generated, and a cache in the output is no tensor a
+    # traced graph can return (the activation methods record through one)
+    batches: list[Batch] = [({"input_ids": source[i:i + req.batch_size],
+                              "decoder_input_ids": shifted[i:i + req.batch_size], "use_cache": False},
+                             target[i:i + req.batch_size])
+                            for i in range(0, len(x), req.batch_size)]
+    return batches, {**facts, "encoder_tokens": half, "decoder_tokens": length - half}
 
 
 def _block_option(req: DataRequest, default: int | None) -> int | None:
