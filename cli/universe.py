@@ -368,13 +368,19 @@ def _print(report: dict[str, Any], result: Any, analysis: Any, written: dict[str
         console.print(f"learned refinement ({result.method}): {ref['steps']} steps, Dirichlet({ref['alpha']:g}) weights; "
                       f"uniform merge on {ref['validation']}: {ref['history'][0]:.4g} -> {ref['best_val_merged_loss']:.4g} "
                       f"(best step {ref['best_step']})")
-    rounds = Table(title="objective: sum of squared distances to the universe", title_justify="left")
-    for col in ("round", "objective", "relative", "seconds"):
+    own = report.get("method_objective") or []
+    on_method = report.get("converged_on") == "method" and own
+    title = "objective: sum of squared distances to the universe"
+    if on_method:
+        title += f"; {report['method']}'s own objective (what the rounds stop on): its alignments' sum"
+    rounds = Table(title=title, title_justify="left")
+    for col in ("round", "objective", "relative", *(["method objective"] if on_method else []), "seconds"):
         rounds.add_column(col, justify="right")
-    rounds.add_row("0", f"{hist[0]:.6g}", "1", "")
+    rounds.add_row("0", f"{hist[0]:.6g}", "1", *([f"{own[0]:.6g}"] if on_method else []), "")
     for info in report["per_round"]:
         r = info["round"]
-        rounds.add_row(str(r), f"{hist[r]:.6g}", f"{report['relative_objective'][r]:.4f}", f"{info['seconds']:.1f}")
+        rounds.add_row(str(r), f"{hist[r]:.6g}", f"{report['relative_objective'][r]:.4f}",
+                       *([f"{own[r]:.6g}"] if on_method else []), f"{info['seconds']:.1f}")
     console.print(rounds)
     models = Table(title="models: squared distance to the universe", title_justify="left")
     cols = [("model", "left"), ("before", "right"), ("after", "right")]

@@ -325,6 +325,35 @@ def test_universe_matching_aligns_with_a_data_driven_method(files: dict[str, Pat
         torch.testing.assert_close(model(x), own(x), rtol=1e-4, atol=1e-4)
     with pytest.raises(UniverseError, match="needs data"):
         universe_match(paths, "nanogpt", factory=files["model"], method="activation", rounds=1, jobs=1)
+    # the rounds are measured, and stop, on activation matching's own objective: the sum of
+    # what each model's alignment left of it, per round
+    summary = res.summary()
+    assert res.converged_on == "method" and summary["converged_on"] == "method"
+    own = summary["method_objective"]
+    assert len(own) == len(res.history) and all(x >= 0 for x in own)
+    assert own[-1] < own[0] and own != pytest.approx(res.history, rel=0.5)  # another objective than F
+    weight = universe_match(paths, "nanogpt", factory=files["model"], method="weight", rounds=2, jobs=1)
+    assert weight.converged_on == "weights"
+    for r in weight.rounds:  # weight matching's own objective is the distance each alignment left
+        assert r["method_objective"] == pytest.approx(r["target_objective"], rel=1e-6)
+
+
+def test_universe_rounds_stop_on_the_objective_they_are_told_to() -> None:
+    """F still improving, the method's own objective not (or the other way round): the
+    rounds stop on the one they watch, and only on it (each is the other's negative case)."""
+    from symspec.universe.algorithm import RoundLog
+
+    def log(own: bool, f: list[float], m: list[float]) -> RoundLog:
+        rounds = [{"round": i + 1, "objective": f[i + 1], "target_objective": f[i + 1], "floor": 0.0,
+                   "method_objective_start": m[0], "method_objective": m[i + 1]} for i in range(len(f) - 1)]
+        return RoundLog(rounds, f, own=own)
+
+    f_improves, m_stalls = [10.0, 8.0, 5.0], [3.0, 2.0, 2.0]
+    assert log(True, f_improves, m_stalls).converged(1e-3, 1e-16)
+    assert not log(False, f_improves, m_stalls).converged(1e-3, 1e-16)
+    f_stalls, m_improves = [10.0, 8.0, 8.0], [3.0, 2.0, 1.0]
+    assert not log(True, f_stalls, m_improves).converged(1e-3, 1e-16)
+    assert log(False, f_stalls, m_improves).converged(1e-3, 1e-16)
 
 
 def test_read_sites_keep_one_site_per_chain_of_elementwise_functions() -> None:

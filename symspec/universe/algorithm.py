@@ -54,6 +54,8 @@ class Run:
     say: Progress
     #: tasks whose result an earlier, interrupted run left (not run again)
     resumed: int = 0
+    #: the rounds stop on the method's own objective (a data-driven method's), not on F
+    own_objective: bool = False
 
     @property
     def n(self) -> int:
@@ -117,12 +119,28 @@ def converged(history: list[float], tol: float, floor: float, noise: float = 0.0
 @attrs.define
 class RoundLog:
     """The finished rounds (their JSON-able account) and the objective: F before the
-    first round, then after each."""
+    first round, then after each.
+
+    Each round also records the method's own objective (``method_objective``): the sum
+    over the models of what their alignment onto the round's universe left of the
+    objective it minimises (``method_objective_start``: before the first round's). For
+    weight matching that is F before the universe moves; a data-driven method minimises
+    another objective (the distance of the activations), which F does not measure. With
+    ``own``, the rounds stop when that objective stops improving."""
 
     rounds: list[dict[str, Any]]
     history: list[float]
     #: seconds spent aligning in this call (not in the run it resumed)
     seconds: float = 0.0
+    own: bool = False
+
+    @property
+    def method_history(self) -> list[float]:
+        """The method's own objective before the first round, then after each (empty where
+        a round did not record it)."""
+        if not self.rounds or any("method_objective" not in r for r in self.rounds):
+            return []
+        return [self.rounds[0]["method_objective_start"], *(r["method_objective"] for r in self.rounds)]
 
     def noise(self, eps: float) -> float:
         """The rounding error of the last two objectives. Each is float64 arithmetic on
@@ -134,6 +152,9 @@ class RoundLog:
         return 2 * eps * (abs(prev) + abs(now))
 
     def converged(self, tol: float, eps: float) -> bool:
+        own = self.method_history if self.own else []
+        if len(own) >= 2:  # no floor of its own: a distance of activations has no rounding level to reach
+            return converged(own, tol, 0.0, 2 * eps * (abs(own[-2]) + abs(own[-1])))
         return converged(self.history, tol, self.rounds[-1]["floor"], self.noise(eps))
 
     def stop(self, rounds: int, tol: float, eps: float) -> bool:
@@ -151,9 +172,12 @@ class RoundLog:
         # sum_i ||U_new - a_i||^2 = sum_i ||U_old - a_i||^2 - n ||U_new - U_old||^2 (U_new is their mean)
         self.history.append(max(0.0, after - n * delta))
         self.seconds += seconds
+        own = [results[i].get("match_objective") or [] for i in range(n)]
+        method = {"method_objective_start": math.fsum(h[0] for h in own),
+                  "method_objective": math.fsum(h[-1] for h in own)} if all(own) else {}
         self.rounds.append({
             "round": r, "objective": self.history[-1], "target_objective": after, "universe_change": delta,
-            "floor": floor, "seconds": seconds,
+            "floor": floor, "seconds": seconds, **method,
             "models": [{"name": names[i], "before": results[i]["before"], "after": results[i]["after"],
                         "match_rounds": results[i].get("match_rounds"), "seconds": results[i].get("seconds")}
                        for i in range(n)],
@@ -196,7 +220,7 @@ def iterate(run: Run, rounds: int, tol: float) -> tuple[RoundLog, dict[str, torc
     A resumed run continues from the rounds it has done (their files are gone but for
     the last), even where these settings would have stopped earlier."""
     folder = run.folder
-    log = RoundLog(*folder.read_state())
+    log = RoundLog(*folder.read_state(), own=run.own_objective)
     if log.rounds:
         # what the finished rounds left: the last one's alignments (the outputs and the
         # next round's warm start) and the universe they made. Without the previous
@@ -206,7 +230,7 @@ def iterate(run: Run, rounds: int, tol: float) -> tuple[RoundLog, dict[str, torc
                                                                    (folder.aligned(last, k), folder.elements(last, k)))])
         if lost is not None:
             folder.restart_rounds(lost)
-            log = RoundLog([], [])
+            log = RoundLog([], [], own=run.own_objective)
     if not log.rounds and folder.first_damage([folder.universe(1)]) is not None:
         save_tensors(folder.universe(1), load_tensors(folder.canonical(run.keys[run.start])))  # U <- θ_start
     merged: dict[str, torch.Tensor] | None = None

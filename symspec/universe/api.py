@@ -205,12 +205,21 @@ def universe_match(models: Sequence[Any], spec: Any, *, rounds: int = 10, tol: f
     with folder.session(), closing(make_executor(jobs, ray, worker_setup, device=str(device),
                                                  retries=ray_retries)) as executor:
         run = Run(folder, executor, folder.save_config(cfg), names, model_keys(names), start,
-                  list(ref.bound.problem.params), ref.dtype, say)
+                  list(ref.bound.problem.params), ref.dtype, say, own_objective=own_objective(m))
         result = _run_rounds(run, sources, ref, cfg, config, rounds, tol, load_aligned, timings)
     if refinement is not None:
         _refine(result, refinement, ref, data, validation, options, device, say)
     timings["total"] = time.perf_counter() - t0
     return result
+
+
+def own_objective(m: Any) -> bool:
+    """Whether the rounds stop on ``m``'s own objective rather than on F: a method whose
+    objective is not the squared weight distance (``objective_is_distance``: weight
+    matching's is F before the universe moves) and that does not pick among candidates
+    on validation data (``validates``: auto's models may each take another method, whose
+    objectives do not add up)."""
+    return not getattr(m, "objective_is_distance", False) and not getattr(m, "validates", False)
 
 
 def _methods(name: str, data: Any) -> tuple[Any, Any]:
@@ -243,6 +252,7 @@ def _run_rounds(run: Run, sources: Sequence[Source], ref: Reference, cfg: RunCon
         jobs=int(executor.jobs), dtype=cfg.dtype, groups=mode_text(ref.modes), aligned=aligned,
         canonical_model=ref.canonical_model, reference=ref.loaded, workdir=folder.path if folder.keep else None,
         resumed=run.resumed, max_in_flight=executor.max_in_flight, method=cfg.method,
+        converged_on="method" if run.own_objective else "weights",
     )
 
 
@@ -404,7 +414,7 @@ def state_universe(problem: Any, states: Sequence[Mapping[str, torch.Tensor]], *
     folder = WorkFolder.open(None, {}, names)
     with folder.session(), closing(InlineExecutor()) as executor:
         run = Run(folder, executor, folder.save_config(cfg), names, model_keys(names), start, list(problem.params),
-                  work, say)
+                  work, say, own_objective=own_objective(get_method(method)))
         for key, sd in zip(run.keys, canonical):
             save_tensors(folder.canonical(key), sd)
         log, merged = iterate(run, rounds, tol)

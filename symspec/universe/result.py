@@ -75,6 +75,9 @@ class UniverseResult:
     method: str = "weight"
     #: the learned refinement's account (:mod:`symspec.universe.learned`), or None
     refinement: dict[str, Any] | None = None
+    #: what the rounds stopped on: ``weights`` (F) or ``method`` (the method's own
+    #: objective, per round ``method_objective``: a data-driven method's)
+    converged_on: str = "weights"
 
     @property
     def spec(self) -> Any:
@@ -137,6 +140,10 @@ class UniverseResult:
             "converged": self.converged,
             "objective": list(self.history),
             "relative_objective": [h / h0 if h0 else 0.0 for h in self.history],
+            "converged_on": self.converged_on,
+            "method_objective": ([self.rounds[0]["method_objective_start"],
+                                  *(r["method_objective"] for r in self.rounds)]
+                                 if self.rounds and all("method_objective" in r for r in self.rounds) else []),
             "per_round": self.rounds,
             "executor": self.executor,
             "jobs": self.jobs,
