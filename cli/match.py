@@ -174,7 +174,8 @@ def _load_pair(a: str, b: str, factory: str | None, spec_arg: str | None, progre
 LEARN_FLAGS = {"learn_steps": ("--steps", "steps"), "learn_epochs": ("--epochs", "epochs"), "learn_lr": ("--lr", "lr"),
                "learn_batch_size": ("--batch-size", "batch_size"), "learn_lambda": ("--lambda", "lam"),
                "learn_permutations": ("--permutations", "permutations"), "learn_seed": ("--seed", "seed"),
-               "learn_init": ("--init", "init"), "learn_lr_scale": ("--lr-scale", "lr_scale")}
+               "learn_init": ("--init", "init"), "learn_lr_scale": ("--lr-scale", "lr_scale"),
+               "learn_micro_batch": ("--micro-batch", "micro_batch"), "learn_autocast": ("--autocast", "autocast")}
 
 
 def learned_options(method: str, learn: dict[str, Any]) -> Any:
@@ -370,6 +371,12 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "permutation), e.g. orthogonal=3,linear=0.3 (docs/learned.md).  [default: 1 for all]"),
         click.option("--batch-size", "learn_batch_size", type=BATCH_SIZE,
                      help="learned: examples per step.  [default: the data's batches]"),
+        click.option("--micro-batch", "learn_micro_batch", type=BATCH_SIZE, metavar="N",
+                     help="learned: examples per forward pass; a step's batch runs in pieces whose gradients add up "
+                          "(a batch that does not fit in memory).  [default: the whole batch]"),
+        click.option("--autocast", "learn_autocast", type=click.Choice(["bfloat16", "float16"]),
+                     help="learned: the training forward passes in this precision (torch.autocast); the group elements "
+                          "stay float32, validation and the function check full precision.  [default: off]"),
         click.option("--lambda", "learn_lambda", metavar="narrow|uniform|fixed:X",
                      help="learned: where lambda is drawn: narrow U(0.4, 0.6), uniform U(0, 1), or fixed:X.  [default: narrow]"),
         click.option("--permutations", "learn_permutations", type=click.Choice(["frozen", "ste", "sinkhorn"]),

@@ -10,6 +10,7 @@ and the CLI writes the usual outputs."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -337,6 +338,64 @@ def test_cli_learned_lr_scale_flag(tmp_path: Path) -> None:
         assert code == 2 and "--lr-scale" in err and says in err, (bad, err)
     code, _, err = run("match", *args, "--method", "weight", "--lr-scale", "linear=2", "--out", tmp_path / "x")
     assert code == 2 and "--lr-scale: for --method learned" in err, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_micro_batches_add_up_to_the_whole_batch_s_step() -> None:
+    """A step's batch run in pieces (gradients accumulated) learns what the whole batch
+    learns, to rounding; smaller batches without accumulation learn something else (the
+    negative case: the pieces are really one step's)."""
+    a, b = _models()
+    data = _data("train")
+
+    def go(**kw: Any) -> Any:
+        return symspec.align(a, b, "nanogpt", method="learned", data=data,
+                             options=LearnedOptions(steps=5, lr=2e-2, eval_every=5, **kw))
+
+    whole, micro, small = go(), go(micro_batch=3), go(batch_size=3)
+    assert micro.info["micro_batch"] == 3 and "micro_batch" not in whole.info
+    for s, e in whole.elements.items():
+        for k, v in e.items():
+            if v.is_floating_point():
+                torch.testing.assert_close(micro.elements[s][k], v, rtol=1e-5, atol=1e-6, msg=f"{s}.{k}")
+    assert not torch.allclose(small.elements["resid"]["matrix"], whole.elements["resid"]["matrix"], atol=1e-5)
+    assert micro.info["check"]["passed"]
+
+
+def test_autocast_trains_in_low_precision_and_checks_in_float64() -> None:
+    """The forward passes under bfloat16 autocast: another path than float32's (so it was
+    applied), a finite loss, the elements in their groups,
+    and the function check in float64 as always."""
+    a, b = _models()
+    data = _data("train")
+    opts = dict(steps=10, lr=1e-2, eval_every=5)
+    full = symspec.align(a, b, "nanogpt", method="learned", data=data, options=LearnedOptions(**opts))
+    low = symspec.align(a, b, "nanogpt", method="learned", data=data,
+                        options=LearnedOptions(**opts, autocast="bfloat16"))
+    assert low.info["autocast"] == "bfloat16" and low.info["check"]["passed"]
+    assert low.info["check"]["dtype"] == "float64"
+    r_low, r_full = low.elements["resid"]["matrix"], full.elements["resid"]["matrix"]
+    assert not torch.equal(r_low, r_full)
+    assert all(math.isfinite(x) for _, x in low.info["train_loss"])
+    for s, e in low.elements.items():
+        assert low.bound.problem.spaces[s].group.contains(e, atol=1e-5), s
+    for bad, says in (({"micro_batch": 0}, "micro-batch must be at least 1"), ({"autocast": "int8"}, "autocast")):
+        with pytest.raises(SymspecInputError, match=says):
+            LearnedOptions(**bad)
+
+
+def test_cli_learned_micro_batch_and_autocast_flags(tmp_path: Path) -> None:
+    _, args = _checkpoints(tmp_path)
+    code, out, err = run("match", *args, "--method", "learned", "--steps", 2, "--micro-batch", 2,
+                         "--autocast", "bfloat16", "--out", tmp_path / "m", "--json")
+    assert code == 0, err
+    info = json.loads(out)["info"]
+    assert info["micro_batch"] == 2 and info["autocast"] == "bfloat16"
+    for flag, value in (("--micro-batch", 0), ("--autocast", "int8")):
+        code, _, err = run("match", *args, "--method", "learned", flag, value, "--out", tmp_path / "x")
+        assert code == 2 and flag in err, err
+    code, _, err = run("match", *args, "--method", "weight", "--micro-batch", 2, "--out", tmp_path / "x")
+    assert code == 2 and "--micro-batch: for --method learned" in err, err
     assert not (tmp_path / "x").exists()
 
 

@@ -8,6 +8,7 @@ pair; universe refinement (:mod:`symspec.universe.learned`) and free directions
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -206,7 +207,7 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
             if not order:
                 order = shuffled_order(len(train), gen)
             batch = train[order.pop()]
-            last = _train_step(mixture, params, data, opt, batch, sample(gen), step)
+            last = _train_step(mixture, params, data, opt, batch, sample(gen), step, opts.micro_batch, opts.autocast)
             window.append(last)
             done = step + 1
             if done % opts.eval_every == 0 or done == steps:
@@ -246,6 +247,8 @@ def _settings_info(opts: LearnedOptions, steps: int, train: list[Any], val: list
     return {
         "steps": steps, "eval_every": opts.eval_every, "permutations": opts.permutations, "orthogonal": opts.orthogonal, "lr": opts.lr,
         **({"lr_scale": dict(opts.lr_scale)} if opts.lr_scale else {}),
+        **({"micro_batch": opts.micro_batch} if opts.micro_batch else {}),
+        **({"autocast": opts.autocast} if opts.autocast else {}),
         "batch_size": opts.batch_size, "train_batches": len(train),
         "validation": ("val split" if not held_out
                        else f"the last {sum(batch_len(t) for _, t in val)} train examples, held out"),
@@ -289,21 +292,51 @@ def _anneal(params: Mapping[int, Mapping[str, Any]], opt: torch.optim.Optimizer,
         g["lr"] = opts.lr * g.get("lr_factor", 1.0) * _schedule(step, steps, warmup)
 
 
+def pieces(batch: tuple[Any, Any], micro: int | None) -> list[tuple[tuple[Any, Any], float]]:
+    """``batch`` in pieces of at most ``micro`` examples, each with its share of the
+    batch's targets: a mean loss over the batch is the pieces' mean losses so weighted."""
+    inputs, targets = batch
+    n = batch_len(targets)
+    if micro is None or micro >= n:
+        return [(batch, 1.0)]
+    total = int(targets.numel())
+    out = []
+    for i in range(0, n, micro):
+        t = _rows(targets, i, i + micro)
+        out.append(((_rows(inputs, i, i + micro), t), int(t.numel()) / total))
+    return out
+
+
 def _train_step(mixture: Mixture, params: Mapping[int, Mapping[str, Any]], data: Any, opt: torch.optim.Optimizer,
-                batch: tuple[Any, Any], w: list[float], step: int) -> float:
-    """One optimiser step on the loss of the models mixed with weights ``w`` on ``batch``;
-    the loss (a loss that is not finite raises)."""
-    elements = {i: {s: p.element() for s, p in ps.items()} for i, ps in params.items()}
-    actions = {i: {s: act for s, p in ps.items() if (act := p.action()) is not None} for i, ps in params.items()}
-    loss = mixture.loss(data, mixture.mix(_models(mixture, elements, actions), w), batch)
-    last = float(loss.detach())
-    if not math.isfinite(last):
-        raise SolverError(f"learned matching: the interpolated model's loss at step {step + 1} is not finite "
-                          "(lower --lr?)")
+                batch: tuple[Any, Any], w: list[float], step: int, micro: int | None = None,
+                autocast: str | None = None) -> float:
+    """One optimiser step on the loss of the models mixed with weights ``w`` on ``batch``
+    (run in pieces of ``micro`` examples, their gradients added; the forward passes under
+    ``autocast``); the loss (a loss that is not finite raises)."""
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    last = 0.0
+    for piece, share in pieces(batch, micro):
+        # the elements again per piece: each backward frees the graph from the latents
+        elements = {i: {s: p.element() for s, p in ps.items()} for i, ps in params.items()}
+        actions = {i: {s: act for s, p in ps.items() if (act := p.action()) is not None} for i, ps in params.items()}
+        mixed = mixture.mix(_models(mixture, elements, actions), w)
+        with _autocast(mixture.device, autocast):
+            loss = mixture.loss(data, mixed, piece)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise SolverError(f"learned matching: the interpolated model's loss at step {step + 1} is not finite "
+                              "(lower --lr?)")
+        (loss.float() * share).backward()
+        last += value * share
     opt.step()
     return last
+
+
+def _autocast(device: torch.device, dtype: str | None) -> Any:
+    """:func:`torch.autocast` to ``dtype`` on ``device``'s kind (a no-op context for None)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
 
 
 def _checked(mixture: Mixture, best: Mapping[int, Mapping[str, Element]], batch: tuple[Any, Any], examples: int,

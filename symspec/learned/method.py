@@ -90,7 +90,13 @@ class LearnedOptions:
     the lowest midpoint loss; any closed-form method), unless the caller gives a start.
     ``lr_scale``: per kind of latent, a factor of ``lr`` (``(("orthogonal", 3.0),
     ("linear", 0.3))``; kinds: orthogonal, linear, diagonal, rotary, permutation), since
-    the residual's rotation and the per-head GL maps move at different scales."""
+    the residual's rotation and the per-head GL maps move at different scales.
+    ``micro_batch``: examples per forward pass (None: the step's whole batch): a step's
+    batch is run in pieces whose gradients add up to the whole batch's (activations of
+    one piece held at a time: a batch that does not fit). ``autocast``: ``bfloat16`` or
+    ``float16`` runs the training forward passes under :func:`torch.autocast` (the
+    latents, the elements and their action on the weights stay float32, validation and
+    the function check full precision; on a CPU without bfloat16 units it is slower)."""
 
     steps: int | None = None
     epochs: float | None = None
@@ -109,6 +115,8 @@ class LearnedOptions:
     solver: Any = None
     init: str = "weight"
     lr_scale: tuple[tuple[str, float], ...] = ()
+    micro_batch: int | None = None
+    autocast: str | None = None
 
     def __attrs_post_init__(self) -> None:
         from .parametrize import ORTHOGONAL, PERMUTATIONS  # optional: torch (CLI help stays light)
@@ -124,6 +132,10 @@ class LearnedOptions:
             raise SymspecInputError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
         if self.batch_size is not None and self.batch_size < 1:
             raise SymspecInputError(f"batch size must be at least 1, got {self.batch_size}")
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise SymspecInputError(f"micro-batch must be at least 1 example, got {self.micro_batch}")
+        if self.autocast not in (None, "bfloat16", "float16"):
+            raise SymspecInputError(f"autocast: bfloat16 or float16, got {self.autocast!r}")
         if not (self.dirichlet > 0 and math.isfinite(self.dirichlet)):
             raise SymspecInputError(f"the Dirichlet concentration must be a positive number, got {self.dirichlet}")
         if self.eval_every < 1:
