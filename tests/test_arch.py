@@ -64,6 +64,9 @@ NEGATIVE = {
     "gpt_neox": ([("group: OC(d)", "group: O(d)")], {"resid"}),
     "mixtral": ([("Experts(E, S(f))", "Experts(E, O(f))")], {"moe[*]"}),  # silu does not commute with rotations
     "bart": ([("group: S(d)", "group: O(d)")], {"resid"}),  # post-LN, as bert
+    # a GELU on the encoder stream's every feature: a sign flip does not commute with it
+    "whisper": ([("group: S(d)\n    doc: the encoder's residual", "group: SP(d)\n    doc: the encoder's residual")],
+                {"eresid"}),
     # a self-attention head moved without its relative position bias column
     "t5": ([("group: Heads(H, qk=GL(dh), ov=GL(dh), perm=False)\n    doc: encoder",
              "group: Heads(H, qk=GL(dh), ov=GL(dh))\n    doc: encoder")], {"attn[*]"}),
@@ -280,3 +283,18 @@ def test_mistral_binds_the_llama_spec() -> None:
     assert "MistralForCausalLM" in symspec.load_spec("llama").models
     assert_invariant(model, "llama", inputs)
     assert failed(assert_not_invariant(model, variant("llama", ("qk=RoPE(dh)", "qk=GL(dh)")), inputs, dtypes=("float64",))) == {"attn[*]", "all"}
+
+
+@pytest.mark.parametrize(("old", "new", "space"), [
+    ("group: S(d)\n    doc: the GELU channels", "group: SP(d)\n    doc: the GELU channels", "conv"),
+    ("group: OC(d)", "group: O(d)", "dresid"),  # the decoder's LayerNorms remove the all-ones direction
+    ("outputs: [logits]\n", "", "eresid"),  # the encoder's last hidden state moves with its stream
+])
+def test_whisper_s_next_larger_groups_fail(old: str, new: str, space: str) -> None:
+    """Whisper's two streams: the encoder's carries a permutation only (a GELU on conv2's
+    output), the decoder's a rotation of the centred subspace; each next larger group,
+    and the check without ``outputs``, fails where it should."""
+    model, inputs = ZOO["whisper"]()
+    assert not failed(check(model, symspec.load_spec("whisper"), inputs, dtypes=["float64"], samples=1))
+    report = check(model, variant("whisper", (old, new)), inputs, dtypes=["float64"], samples=1)
+    assert failed(report) == {space, "all"}, failed(report)

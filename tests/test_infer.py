@@ -830,7 +830,7 @@ def test_an_inferred_encoder_decoder_spec_recovers_a_planted_copy(name: str, tmp
     assert (num / den) ** 0.5 <= 1e-5, (num / den) ** 0.5
 
 
-@pytest.mark.parametrize("name", ["t5", "bart"])
+@pytest.mark.parametrize("name", ["t5", "bart", "whisper"])
 def test_the_built_in_encoder_decoder_specs_recover_a_planted_copy_through_the_cli(name: str, tmp_path: Path) -> None:
     """Where inference leaves the residual invariant (the encoder's hidden state is an
     output), the built-in specs (``outputs: [logits]``) align it too: B = g.A planted with
@@ -864,7 +864,8 @@ def test_the_built_in_encoder_decoder_specs_recover_a_planted_copy_through_the_c
     assert (num / den) ** 0.5 <= 1e-5, (num / den) ** 0.5
     import transformers
 
-    written = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out").eval()
+    auto = transformers.AutoModelForSpeechSeq2Seq if name == "whisper" else transformers.AutoModelForSeq2SeqLM
+    written = auto.from_pretrained(tmp_path / "out").eval()
     with torch.no_grad():
         want = planted.model.eval()(**inputs).logits
         torch.testing.assert_close(written(**inputs).logits, want, rtol=1e-4, atol=1e-5)

@@ -194,6 +194,25 @@ def bart(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_
                    "decoder_input_ids": torch.randint(vocab, (2, 6), generator=g), "use_cache": False}
 
 
+@entry("whisper")
+def whisper(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_ff: int = 16, vocab: int = 23,
+            mel: int = 8, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.WhisperConfig(vocab_size=vocab, d_model=n_head * head_dim, encoder_layers=n_layer,
+                                     decoder_layers=n_layer, encoder_attention_heads=n_head,
+                                     decoder_attention_heads=n_head, encoder_ffn_dim=n_ff, decoder_ffn_dim=n_ff,
+                                     num_mel_bins=mel, max_source_positions=8, max_target_positions=16, pad_token_id=1,
+                                     bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, suppress_tokens=None,
+                                     begin_suppress_tokens=None, **kw)
+    model = _hf(transformers.WhisperForConditionalGeneration(cfg), seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    # the encoder's convolutions halve 2 x max_source_positions frames into its positions
+    return model, {"input_features": torch.randn(2, mel, 16, generator=g),
+                   "decoder_input_ids": torch.randint(vocab, (2, 6), generator=g), "use_cache": False}
+
+
 @entry("bert")
 def bert(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_ff: int = 12, vocab: int = 23, **kw: Any) -> tuple[torch.nn.Module, Any]:
     import transformers
