@@ -262,7 +262,8 @@ class Incidence:
 
 @attrs.frozen
 class Site:
-    """An activation site: features (the last axis of a traced node's output) on which
+    """An activation site: features (an axis of a traced node's output, the last unless
+    ``dim`` says otherwise) on which
     the spaces act as on one axis of a bound weight, the representation included.
 
     ``name`` is stable across traces (``out:W``, the output of the layer with weight W;
@@ -280,6 +281,9 @@ class Site:
     param: str
     axis: AxisBinding
     module: str = ""
+    #: the axis of the node's output that carries the features: the last (-1), or a
+    #: convolution's channels (1: ``(batch, channels, *positions)``)
+    dim: int = -1
 
     @property
     def size(self) -> int:

@@ -178,6 +178,9 @@ LAYER_OUT = {
     "Linear": (None, 0), "Embedding": (None, 1),
     "linear": (1, 0), "addmm": (2, 1), "mm": (1, 1), "matmul": (1, 1), "embedding": (0, 1),
 }
+#: convolutions -> (the weight's position, the weight axis of its output channels): the
+#: channels are the output's axis 1 (``(batch, channels, *positions)``), not its last
+CONV_OUT = {"Conv1d": (None, 0), "Conv2d": (None, 0), "conv1d": (1, 0), "conv2d": (1, 0), "convolution": (1, 0)}
 #: the position of the embedding table: aten.embedding(weight, ids) in exported graphs,
 #: F.embedding(ids, weight) in symbolically traced ones
 EMBEDDING_WEIGHT = {"export": 0, "symbolic_trace": 1}

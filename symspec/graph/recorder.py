@@ -114,6 +114,15 @@ def _signature(inputs: Any) -> tuple[Any, ...]:
     return (str(spec), *((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else repr(x) for x in leaves))
 
 
+def features_of(value: torch.Tensor, site: Site) -> torch.Tensor:
+    """A site's node output as (positions, features): its feature axis (``site.dim``)
+    moved last, every other axis a position."""
+    value = value.detach()
+    if site.dim != -1 and site.dim != value.ndim - 1:
+        value = value.movedim(site.dim, -1)
+    return value.reshape(-1, site.size)
+
+
 class SiteRecorder:
     """Features of ``problem``'s activation sites (all, or those named in ``names``) of
     ``module``'s class. :meth:`record` runs one batch with a state dict and returns site
@@ -172,7 +181,7 @@ class SiteRecorder:
         runner, sites = self._runner(inputs)
 
         def keep(name: str, value: torch.Tensor) -> None:
-            sink(name, value.detach().reshape(-1, sites[name].size))
+            sink(name, features_of(value, sites[name]))
 
         runner.sink = keep
         runner.span = (env or {}, lo, hi)
@@ -197,7 +206,7 @@ class SiteRecorder:
         out: dict[str, torch.Tensor] = {}
 
         def keep(name: str, value: torch.Tensor) -> None:
-            features = value.detach().reshape(-1, sites[name].size)
+            features = features_of(value, sites[name])
             if sink is None:
                 out[name] = features
             else:

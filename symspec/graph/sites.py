@@ -5,7 +5,8 @@ one axis of a bound weight (:class:`~symspec.problem.Site`), found from the weig
 bindings, so that a new spec gets sites for free:
 
 - ``out:W`` (kind ``pre``): the output of a linear-like layer with weight W (a linear,
-  an addmm of a Conv1D, a matmul, an embedding), whose output axis is bound: features
+  an addmm of a Conv1D, a matmul, an embedding, a convolution: its channels, the
+  output's axis 1, ``Site.dim``), whose output axis is bound: features
   move as that axis (fused QKV outputs keep their segments and head layout; keys move
   by the dual of the QK map, as W's rows do);
 - ``post:W:k`` (kind ``post``): the k-th elementwise function (GELU, SiLU, ReLU,
@@ -24,7 +25,7 @@ from __future__ import annotations
 import attrs
 
 from ..problem import AxisBinding, Factor, ParamBinding, Problem, Site
-from .ops import EMBEDDING_WEIGHT, LAYER_IN, LAYER_OUT, ops_with
+from .ops import CONV_OUT, EMBEDDING_WEIGHT, LAYER_IN, LAYER_OUT, ops_with
 from .trace import ModelGraph, Node
 
 #: ops that map features elementwise (the last axis keeps its meaning)
@@ -37,10 +38,13 @@ def find_sites(mg: ModelGraph, problem: Problem) -> tuple[Site, ...]:
         return ()
     found: dict[str, Site] = {}
     for pname, binding in problem.params.items():
-        if len(binding.shape) != 2:  # weights only: a bias's user is the same layer
+        # weights only (a bias's user is the same layer): a matrix, or a convolution's kernel
+        if len(binding.shape) < 2:
             continue
         for user in mg.param_users.get(pname, []):
             node = mg.nodes[user]
+            if len(binding.shape) != 2 and node.target not in CONV_OUT:
+                continue  # a stack of experts' matrices, say: no layer of one weight
             for site in _output_sites(mg, problem, node, pname, binding) + _input_sites(mg, node, pname, binding):
                 found.setdefault(site.node, site)
     return tuple(found.values())
@@ -69,9 +73,10 @@ def _axis(binding: ParamBinding, axis: int, dual: bool = False) -> AxisBinding |
 
 
 def _output_sites(mg: ModelGraph, problem: Problem, node: Node, pname: str, binding: ParamBinding) -> list[Site]:
-    if node.target not in LAYER_OUT:
+    if node.target not in LAYER_OUT and node.target not in CONV_OUT:
         return []
-    position, axis = LAYER_OUT[node.target]
+    dim = 1 if node.target in CONV_OUT else -1  # a convolution's channels: its output's axis 1
+    position, axis = CONV_OUT[node.target] if dim == 1 else LAYER_OUT[node.target]
     if node.target == "embedding":
         position = EMBEDDING_WEIGHT[mg.method]
     if not _reads_at(mg, node, pname, position):
@@ -79,13 +84,13 @@ def _output_sites(mg: ModelGraph, problem: Problem, node: Node, pname: str, bind
     ab = _axis(binding, axis)
     if ab is None:
         return []
-    sites = [Site(f"out:{pname}", node.name, "pre", pname, ab, node.module)]
+    sites = [Site(f"out:{pname}", node.name, "pre", pname, ab, node.module, dim)]
     groups = [problem.spaces[f.space].group for s in ab.segments for f in s.factors]
     if all(g.permutation_subgroup() == g for g in groups):
         k, cur = 0, node
         while len(cur.users) == 1 and mg.nodes[cur.users[0]].target in ELEMENTWISE:
             cur, k = mg.nodes[cur.users[0]], k + 1
-            sites.append(Site(f"post:{pname}:{k}", cur.name, "post", pname, ab, cur.module))
+            sites.append(Site(f"post:{pname}:{k}", cur.name, "post", pname, ab, cur.module, dim))
     return sites
 
 
