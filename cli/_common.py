@@ -425,7 +425,8 @@ def stdout_console() -> Any:
 
 
 def resolve_spec(spec_arg: str | None, model: Any, hint: str | None = None, model_args: str | None = None) -> Any:
-    """--spec, else the model file's SPEC, else the built-in spec for the model's class.
+    """--spec, else the model file's SPEC, else the built-in spec for the model's class
+    (where several list it, the one that binds the model).
     ``model_args``: the model as the user named it (shell-quoted), for the suggestion to
     draft a spec with ``symspec infer``."""
     from symspec.errors import SymspecInputError
@@ -440,9 +441,25 @@ def resolve_spec(spec_arg: str | None, model: Any, hint: str | None = None, mode
     if not found:
         raise SymspecInputError(f"no built-in spec fits {cls} (built-in specs: {', '.join(builtin_names())}); pass --spec PATH, "
                                 f"or draft one with: symspec infer {model_args or 'MODEL'} --out spec.yaml")
-    if len(found) > 1:
-        raise SymspecInputError(f"several built-in specs fit {cls}: {', '.join(found)}; choose one with --spec")
+    if len(found) > 1:  # one class, several layouts (T5 and T5 v1.1): the one that binds this model
+        fitting = [n for n in found if _binds(load_spec(n), model)]
+        if len(fitting) == 1:
+            return load_spec(fitting[0])
+        why = "" if fitting else " (none binds this model as it is: --spec NAME says why)"
+        raise SymspecInputError(f"several built-in specs fit {cls}: {', '.join(fitting or found)}; choose one with "
+                                f"--spec{why}")
     return load_spec(found[0])
+
+
+def _binds(spec: Any, model: Any) -> bool:
+    from symspec.binding import bind
+    from symspec.errors import DiagnosticsError
+
+    try:
+        bind(spec, model)
+    except DiagnosticsError:  # a parameter, a tie or a dimension of another layout
+        return False
+    return True
 
 
 def data_inputs(data_arg: str | None) -> list[str]:

@@ -4,6 +4,9 @@ and a group that is too large is caught for every family."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -65,6 +68,9 @@ NEGATIVE = {
     "mixtral": ([("Experts(E, S(f))", "Experts(E, O(f))")], {"moe[*]"}),  # silu does not commute with rotations
     "bart": ([("group: S(d)", "group: O(d)")], {"resid"}),  # post-LN, as bert
     # a GELU on the encoder stream's every feature: a sign flip does not commute with it
+    # a gate's GELU is not homogeneous: its units cannot scale
+    "t5_gated": ([("group: S(f)\n    doc: the encoder's gated", "group: D(f)\n    doc: the encoder's gated")],
+                 {"mlp[*]"}),
     "whisper": ([("group: S(d)\n    doc: the encoder's residual", "group: SP(d)\n    doc: the encoder's residual")],
                 {"eresid"}),
     # a self-attention head moved without its relative position bias column
@@ -298,3 +304,28 @@ def test_whisper_s_next_larger_groups_fail(old: str, new: str, space: str) -> No
     assert not failed(check(model, symspec.load_spec("whisper"), inputs, dtypes=["float64"], samples=1))
     report = check(model, variant("whisper", (old, new)), inputs, dtypes=["float64"], samples=1)
     assert failed(report) == {space, "all"}, failed(report)
+
+
+def test_t5_v1_1_gets_its_own_spec_by_binding(tmp_path: Path) -> None:
+    """Two built-in specs list T5ForConditionalGeneration (the ReLU layout and v1.1's gated
+    one): a folder of either is given the one that binds it, and matching a planted v1.1
+    copy finds it again; neither spec binds the other's model (the negative case)."""
+    from tests.cli_files import run
+
+    gated, _ = ZOO["t5_gated"]()
+    plain, _ = ZOO["t5"]()
+    with pytest.raises(BindError):
+        bind("t5", gated)
+    with pytest.raises(BindError):
+        bind("t5_gated", plain)
+    gated.save_pretrained(tmp_path / "a")
+    planted = symspec.plant(gated, symspec.load_spec("t5_gated"), seed=2)
+    planted.model.save_pretrained(tmp_path / "b")
+    code, out, err = run("match", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "out", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["spec"] == "t5_gated" and report["objective"][-1] <= 1e-8 * report["objective"][0]
+    plain.save_pretrained(tmp_path / "p")
+    code, out, err = run("check", tmp_path / "p", "--samples", "1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["spec"] == "t5"

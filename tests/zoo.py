@@ -174,6 +174,18 @@ def t5(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_ff
                    "decoder_input_ids": torch.randint(vocab, (2, 6), generator=g), "use_cache": False}
 
 
+@entry("t5_gated")
+def t5_gated(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_ff: int = 12, vocab: int = 23,
+             **kw: Any) -> tuple[torch.nn.Module, Any]:
+    """T5 v1.1 (gated GELU) as a checkpoint loads: lm_head a tensor of its own."""
+    model, inputs = t5(seed, n_layer, n_head, head_dim, n_ff, vocab, feed_forward_proj="gated-gelu", **kw)
+    g = torch.Generator().manual_seed(seed + 7)
+    head = model.shared.weight.detach().clone() + 0.1 * torch.randn(model.shared.weight.shape, generator=g)
+    model.lm_head.weight = torch.nn.Parameter(head)  # what loading a v1.1 checkpoint leaves
+    model.config.scale_decoder_outputs = False  # v1.1 does not scale the decoder's output
+    return model, inputs
+
+
 @entry("bart")
 def bart(seed: int = 0, n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_ff: int = 16, vocab: int = 23,
          **kw: Any) -> tuple[torch.nn.Module, Any]:
