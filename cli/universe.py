@@ -96,6 +96,11 @@ MAX_SIMPLEX_POINTS = 100_000
 @click.option("--alpha", "learn_alpha", type=FiniteFloat(min=0.0),
               help="--method learned: the merging weights are drawn from Dirichlet(alpha 1).  [default: 0.1]")
 @click.option("--seed", "learn_seed", type=SEED, help="--method learned: seed of batch order and weights.  [default: 0]")
+@click.option("--micro-batch", "learn_micro_batch", type=BATCH_SIZE, metavar="N",
+              help="--method learned: examples per forward pass; a step's batch runs in pieces whose gradients add "
+                   "up.  [default: the whole batch]")
+@click.option("--autocast", "learn_autocast", type=click.Choice(["bfloat16", "float16"]),
+              help="--method learned: the training forward passes in this precision (torch.autocast).  [default: off]")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
 @handle_errors
 def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factory: str | None, groups: str | None,
@@ -103,15 +108,17 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
                  device: str, threads: int, data_arg: str | None, split: str, batch_size: int,
                  max_samples: int | None, simplex: bool | None, resolution: int | None, overwrite: bool,
                  resume: bool, worker_setup: str | None, learn_steps: int | None, learn_lr: float | None,
-                 learn_alpha: float | None, learn_seed: int | None, as_json: bool) -> None:
+                 learn_alpha: float | None, learn_seed: int | None, learn_micro_batch: int | None,
+                 learn_autocast: str | None, as_json: bool) -> None:
     """Align every MODEL into one shared universe and merge them (universe matching).
 
     The universe starts as one model; each round aligns every model to it with the
     alignment method (weight matching by default; with --data, auto: the closed-form
     methods tried on each alignment, the best by the validation loss kept) under the
     spec's groups and sets it to
-    the mean of the aligned models, until the objective (the sum of squared distances to
-    the universe) stops improving. Every model gets one transform into the universe, so
+    the mean of the aligned models, until the objective stops improving (the sum of
+    squared distances to the universe; a data-driven method's own objective, summed over
+    the models' alignments). Every model gets one transform into the universe, so
     any two are aligned through it. With --method learned --data, weight matching's
     rounds are followed by the learned refinement: every transform trained for the loss
     of merged models with Dirichlet(--alpha) weights.
@@ -130,7 +137,9 @@ def universe_cmd(models: tuple[str, ...], out: str, spec_arg: str | None, factor
     method = default_method(method, data_arg)
     m = round_method(method, data_arg)  # before any work: a method universe matching cannot run
     options = learned_options(m, {"steps": ("--steps", learn_steps), "lr": ("--lr", learn_lr),
-                                  "dirichlet": ("--alpha", learn_alpha), "seed": ("--seed", learn_seed)})
+                                  "dirichlet": ("--alpha", learn_alpha), "seed": ("--seed", learn_seed),
+                                  "micro_batch": ("--micro-batch", learn_micro_batch),
+                                  "autocast": ("--autocast", learn_autocast)})
     paths, factory, start = _check_inputs(models, out, spec_arg, factory, data_arg, start_arg, ray_address, simplex,
                                           resolution, overwrite)
     out_dir = Path(out)

@@ -452,6 +452,13 @@ def test_cli_universe_learned(tmp_path: Path) -> None:
     assert refinement["validation"].endswith("held out")
     code, _, err = run("universe", *args, "--steps", 3, "--out", tmp_path / "w")
     assert code == 2 and "--steps: for --method learned" in err
+    code, out, err = run("universe", *args, "--method", "learned", "--steps", 2, "--rounds", 1, "--micro-batch", 2,
+                         "--autocast", "bfloat16", "--out", tmp_path / "v", "--json")
+    assert code == 0, err
+    refinement = json.loads(out)["refinement"]
+    assert refinement["micro_batch"] == 2 and refinement["autocast"] == "bfloat16"
+    code, _, err = run("universe", *args, "--micro-batch", 2, "--out", tmp_path / "x")
+    assert code == 2 and "--micro-batch: for --method learned" in err
 
 
 # ----------------------------------------------------------------------------- every family
