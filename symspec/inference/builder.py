@@ -75,6 +75,7 @@ class _Builder(SpacePlans, Bindings):
         params = self.bindings(folded_gains, folded_biases, unfoldable)
         self.buffers_invariant(params)
         ties, untie = self.plan_ties(folds)
+        self.bind_tied_alike(params, ties, untie)
         centre = self.plan_center(folds) if self.center_ok else {}
         self.name_dims()
         self.notes += [f"inference could not read a node, {why}; the axes it touches stay invariant"
@@ -82,6 +83,21 @@ class _Builder(SpacePlans, Bindings):
         draft = Draft(self.name, type(self.model).__name__, self.dims, self.spaces, params, self.param_notes,
                       ties, untie, folds, centre, self.notes, self.unexplained, self.views)
         return draft
+
+    def bind_tied_alike(self, params: dict[str, Any], ties: list[tuple[str, ...]], untie: list[str]) -> None:
+        """A name of a tie the graph never reads (T5's ``shared.weight``: the stacks read
+        it as their ``embed_tokens``) is the same tensor as the names it does read: it
+        takes their binding, not ``invariant`` (a tie of two transforms does not bind)."""
+        def acts(binding: Any) -> bool:
+            return binding != "invariant" and any(c.terms for e in binding for c in e.segments)
+
+        for tie in ties:
+            kept = [n for n in tie if n not in untie]
+            bound = [n for n in kept if acts(params.get(n, "invariant"))]
+            for n in kept:
+                if bound and n in params and not acts(params[n]):
+                    params[n] = params[bound[0]]
+                    self.param_notes[n] = f"tied to {bound[0]}: one tensor, one transform"
 
     def buffers_invariant(self, params: dict[str, Any]) -> None:
         """The model's floating-point buffers that its state dict keeps (BART's

@@ -29,10 +29,15 @@ class SpacePlans:
             cons = self.f.consumers.get(norm.output, [])
             readers = [(w, a) for kind, w, a in cons if kind == "linear"]
             other = sorted({kind for kind, _, _ in cons if kind != "linear"})
+            # a reader that is one tensor with two or more others (BART's head with the shared
+            # embedding and both stacks' embeddings) would be untied from a tie a config
+            # keeps: written apart, transformers 5 loads the embeddings tied to nothing
+            shared = sorted(w for w, _ in readers if len(self._tie_of(w)) > 2)
             root = self.ax.find(norm.atom)
-            if not self.fold_ok or other or not readers:
+            if not self.fold_ok or other or not readers or shared:
                 why = (f"its output also goes to {', '.join(other)}" if other else "nothing reads it" if not readers
-                       else "folding it changed the function in the check")
+                       else f"{shared[0]} is one tensor with {len(self._tie_of(shared[0])) - 1} others, kept tied"
+                       if shared else "folding it changed the function in the check")
                 unfoldable[root] = f"{norm.gain or norm.bias}: {why}"
                 continue
             into = [(w, a, lin_bias.get((w, a))) for w, a in dict.fromkeys(readers)]
@@ -43,6 +48,10 @@ class SpacePlans:
             if norm.bias and fold_bias:
                 biases.add(norm.bias)
         return folds, gains, biases, unfoldable
+
+    def _tie_of(self, name: str) -> tuple[str, ...]:
+        """Every name of the tensor ``name`` is (itself alone where it is tied to nothing)."""
+        return next((names for names in self.f.aliases.values() if name in names), (name,))
 
     # -- plain spaces ------------------------------------------------------------------
     def plain_spaces(self, unfoldable: dict[int, str]) -> None:

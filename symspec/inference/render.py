@@ -122,7 +122,12 @@ def _templated_folds(draft: Draft) -> list[tuple[bool, Fold]]:
         first = folds[0]
         same = all(shape(f) == shape(first) and f.fold_bias == first.fold_bias and f.offset == first.offset for f in folds)
         n_layers = len({layer_of(f.gain or f.bias or "") for f in folds})
-        if same and n_layers == len(folds) and "{i}" in key:
+        # a template matches every layer's norm: only where every layer's norm is folded so,
+        # and into readers of its own layer (a post-LN model's last norm, read by the head
+        # alone, written as a template, would fold every layer's norm into the head)
+        every = len(folds) == sum(1 for name in draft.params if template_of(name) == key)
+        own = all("{i}" in template_of(w) for w, _, _ in first.into)
+        if same and n_layers == len(folds) and "{i}" in key and every and own:
             out.append((True, first))
         else:
             out += [(False, f) for f in folds]

@@ -397,7 +397,10 @@ class WeightStatistics:
         incs = incidence_roles(self.incidences, space, partner)
         unit = {space} if partner is None else {space, partner}
         if trusted is not None:
-            keep = [x for x in incs if self.problem.params[x[0].param].spaces() - unit <= trusted]
+            # the terms no untrusted space moves; an all-zero one says nothing (an untrained
+            # model's zero biases: alone, they left a GL head fit 0 / 0)
+            keep = [x for x in incs if self.problem.params[x[0].param].spaces() - unit <= trusted
+                    and bool(self.a[x[0].param].any())]
             incs = keep or incs
         entry = solver_for(self.problem.spaces[space].group)
         inv = {u: self.problem.spaces[u].group.inverse(self.elements[u]) for u in unit}
