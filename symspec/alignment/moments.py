@@ -288,8 +288,6 @@ def _statistics_pass(module: torch.nn.Module, problem: Problem, data: Any, batch
         module.train(training)
 
 
-
-
 def collect_site_stats(module: torch.nn.Module, problem: Problem, state_a: Mapping[str, torch.Tensor],
                        state_b: Mapping[str, torch.Tensor], data: Any, *, batches: int | None = None,
                        device: torch.device | str = "cpu", sites: str = "read", normalize: str = "correlation",
