@@ -181,3 +181,21 @@ def test_the_default_folder_falls_back_to_memory_with_a_warning(tmp_path: Path,
     assert res.info["statistics"]["spilled_bytes"] > 0 and res.info["statistics"]["spill_folder"] == str(tmp_path)
     gc.collect()
     assert _folders(tmp_path) == []  # made under TMPDIR, gone with the statistics
+
+
+def test_a_forked_child_leaves_the_parent_s_files(tmp_path: Path) -> None:
+    """A child process forked while a store lives (a data loader's worker) lets go of its
+    copies of the handles and the store without removing the parent's files."""
+    store = SpillStore(tmp_path)
+    s = store.put(torch.ones(3))
+    pid = os.fork()
+    if pid == 0:  # the child: drop everything, then exit as a normal interpreter would
+        try:
+            s.file._gone()
+            store._gone()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.path.exists(s.file.path) and torch.equal(s.load(), torch.ones(3))
+    store.close()
+    assert _folders(tmp_path) == []

@@ -49,12 +49,20 @@ class _File:
     def __init__(self, store: SpillStore, path: str) -> None:
         self.store = store  # the folder outlives its files
         self.path = path
-        self._gone = weakref.finalize(self, _unlink, path)
+        self._gone = weakref.finalize(self, _unlink, path, os.getpid())
 
 
-def _unlink(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+def _unlink(path: str, pid: int | None = None) -> None:
+    """Remove ``path`` (in the process that wrote it: a forked child lets go of its copy
+    of a handle without removing the parent's file)."""
+    if pid is None or os.getpid() == pid:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _rmtree(folder: str, pid: int) -> None:
+    if os.getpid() == pid:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @attrs.frozen
@@ -109,7 +117,7 @@ class SpillStore:
             raise write_error(parent, e) from e
         self.parent = parent
         self._count = 0
-        self._gone = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
+        self._gone = weakref.finalize(self, _rmtree, self.folder, os.getpid())
 
     def free(self) -> int:
         """Bytes free on the folder's disk."""
