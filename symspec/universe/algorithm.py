@@ -33,6 +33,7 @@ from ..runtime import Executor, Result
 from ..statedict import squared_distance
 from .errors import raise_failures
 from .progress import Progress, UniverseEvent
+from .result import method_history
 from .tasks import Task
 from .workdir import ALIGNED_FIELDS, WorkFolder, load_tensors, save_tensors
 
@@ -138,9 +139,12 @@ class RoundLog:
     def method_history(self) -> list[float]:
         """The method's own objective before the first round, then after each (empty where
         a round did not record it)."""
-        if not self.rounds or any("method_objective" not in r for r in self.rounds):
-            return []
-        return [self.rounds[0]["method_objective_start"], *(r["method_objective"] for r in self.rounds)]
+        return method_history(self.rounds)
+
+    @property
+    def converged_on(self) -> str:
+        """What the rounds stop on: ``method`` (its own objective) or ``weights`` (F)."""
+        return "method" if self.own and len(self.method_history) >= 2 else "weights"
 
     def noise(self, eps: float) -> float:
         """The rounding error of the last two objectives. Each is float64 arithmetic on
@@ -152,8 +156,8 @@ class RoundLog:
         return 2 * eps * (abs(prev) + abs(now))
 
     def converged(self, tol: float, eps: float) -> bool:
-        own = self.method_history if self.own else []
-        if len(own) >= 2:  # no floor of its own: a distance of activations has no rounding level to reach
+        if self.converged_on == "method":  # no floor of its own: a distance of activations has no rounding level
+            own = self.method_history
             return converged(own, tol, 0.0, 2 * eps * (abs(own[-2]) + abs(own[-1])))
         return converged(self.history, tol, self.rounds[-1]["floor"], self.noise(eps))
 

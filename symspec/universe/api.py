@@ -252,7 +252,7 @@ def _run_rounds(run: Run, sources: Sequence[Source], ref: Reference, cfg: RunCon
         jobs=int(executor.jobs), dtype=cfg.dtype, groups=mode_text(ref.modes), aligned=aligned,
         canonical_model=ref.canonical_model, reference=ref.loaded, workdir=folder.path if folder.keep else None,
         resumed=run.resumed, max_in_flight=executor.max_in_flight, method=cfg.method,
-        converged_on="method" if run.own_objective else "weights",
+        converged_on=log.converged_on,
     )
 
 

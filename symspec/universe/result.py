@@ -37,6 +37,14 @@ class ModelEntry:
     dtype: str | None = None
 
 
+def method_history(rounds: Sequence[Mapping[str, Any]]) -> list[float]:
+    """The rounds' own objective of their method (``method_objective``): before the
+    first round, then after each; empty where a round did not record it."""
+    if not rounds or any("method_objective" not in r for r in rounds):
+        return []
+    return [rounds[0]["method_objective_start"], *(r["method_objective"] for r in rounds)]
+
+
 @attrs.define
 class UniverseResult:
     """What :func:`universe_match` found.
@@ -141,9 +149,7 @@ class UniverseResult:
             "objective": list(self.history),
             "relative_objective": [h / h0 if h0 else 0.0 for h in self.history],
             "converged_on": self.converged_on,
-            "method_objective": ([self.rounds[0]["method_objective_start"],
-                                  *(r["method_objective"] for r in self.rounds)]
-                                 if self.rounds and all("method_objective" in r for r in self.rounds) else []),
+            "method_objective": method_history(self.rounds),
             "per_round": self.rounds,
             "executor": self.executor,
             "jobs": self.jobs,
