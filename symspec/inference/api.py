@@ -330,14 +330,8 @@ class _Rounds:
             # head norm after a GELU): before the sign goes, the draft goes without folds
             why = next((r for r in report.failed_rows() if r.space == "sgn"), None)
             self.fold = False
-            self.draft.notes.append("folding the norms took the gains that carry the residual's sign "
-                                    f"(max rel err {why.max_rel:.1e} with them folded): left out" if why else
-                                    "folding the norms took the gains that carry the residual's sign: left out")
-            self.history = {k: v.history for k, v in draft.spaces.items()}
-            notes = self.draft.notes
-            self.draft = build(self.facts, self.model, self.name, fold=False, center=self.center)
-            self.draft.notes[:0] = [n for n in notes if n not in self.draft.notes]
-            return True
+            err = f" (max rel err {why.max_rel:.1e} with them folded)" if why else ""
+            return self._rebuild(f"folding the norms took the gains that carry the residual's sign{err}: left out")
         for s in targets:
             rows = [r for r in report.failed_rows() if r.space.replace("[*]", "") == s]
             _shrink(draft.spaces[s], f"max rel err {max(r.max_rel for r in rows):.1e}" if rows else "with the others")
@@ -347,14 +341,19 @@ class _Rounds:
         """Centring first, then folding: left out, and the draft rebuilt without it."""
         if self.center and self.draft.center:
             self.center = False
-            self.draft.notes.append(f"mean-centring changed the function (max rel err {why.max_rel:.1e}): left out")
-        elif self.fold:
+            return self._rebuild(f"mean-centring changed the function (max rel err {why.max_rel:.1e}): left out")
+        if self.fold:
             self.fold = False
-            self.draft.notes.append(f"folding the norms changed the function (max rel err {why.max_rel:.1e}): left out")
-        else:
-            return False
+            return self._rebuild(f"folding the norms changed the function (max rel err {why.max_rel:.1e}): left out")
+        return False
+
+    def _rebuild(self, note: str) -> bool:
+        """The draft built again with the canonicalisation now chosen (``self.fold``,
+        ``self.center``), keeping what shrank and the notes so far, ``note`` among them."""
         self.history = {k: v.history for k, v in self.draft.spaces.items()}
+        notes = [*self.draft.notes, note]
         self.draft = build(self.facts, self.model, self.name, fold=self.fold, center=self.center)
+        self.draft.notes[:0] = [n for n in notes if n not in self.draft.notes]
         return True
 
 
