@@ -39,7 +39,7 @@ def kept_bytes(found: tuple[Site, ...], planned: ActivationMoments, dtype: torch
     kept: dict[Any, tuple[int, int]] = {}
     for s in found:
         m = planned.moments[s.name]
-        shape = tuple((seg, g is not None) for seg, g in zip(s.axis.segments, m.gram))
+        shape = _structure(s, planned)
         memory = disk = 0
         for c, g in zip(m.cross, m.gram):
             for t in (c, g):
@@ -53,6 +53,12 @@ def kept_bytes(found: tuple[Site, ...], planned: ActivationMoments, dtype: torch
         memory += 4 * m.size * itemsize  # the vectors: diagonal, energies
         kept[shape] = (memory, disk)
     return sum(m for m, _ in kept.values()), sum(d for _, d in kept.values())
+
+
+def _structure(site: Site, planned: ActivationMoments) -> tuple[Any, ...]:
+    """What alike sites share (:meth:`~symspec.solvers.engine.site_statistics.SiteStats.structure`):
+    per block, its segment and whether it keeps a Gram."""
+    return tuple((seg, g is not None) for seg, g in zip(site.axis.segments, planned.moments[site.name].gram))
 
 
 def open_spill(spill: bool | str | os.PathLike[str], need: int) -> SpillStore | None:
@@ -98,8 +104,7 @@ def plan_stages(found: tuple[Site, ...], planned: ActivationMoments, order: Mapp
     names = sorted((s.name for s in found), key=lambda n: order[n])
     work = {n: planned.moments[n].bytes * 3 // 2 for n in names}
     compact = kept_bytes(found, planned, dtype, spill_min)[0]
-    kept = {tuple((seg, g is not None) for seg, g in zip(s.axis.segments, planned.moments[s.name].gram))
-            for s in found}
+    kept = {_structure(s, planned) for s in found}
     free = available if available is not None else available_memory()
     biggest = max(names, key=lambda n: work[n])
     room = int(free * (1 - STAGE_RESERVE)) - compact - features if free is not None else stage_bytes
