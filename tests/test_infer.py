@@ -898,3 +898,15 @@ def test_a_model_returning_hidden_states_gets_outputs_logits() -> None:
     assert loads_spec(result.yaml, "again.yaml").outputs == ("logits",)
     assert not check(model, attrs.evolve(result.spec, outputs=()), inputs).passed
     assert check(model, result.spec, inputs, samples=3, seed=7).passed
+
+
+def test_a_rebuilt_draft_keeps_its_notes_and_says_why() -> None:
+    """BERT's head norm after a GELU carries the residual's sign: folded, the sign fails
+    the check, and the draft is built again without folds. The result keeps the sign and
+    says why the folds went (the note survives the rebuild); without the rebuild the sign
+    would be lost (the hand-written spec has it)."""
+    model, inputs = FAMILIES["bert"]()
+    result = infer(model, inputs)
+    assert _groups(result).get("sgn") == "Sign(d)"
+    assert not any(st.kind == "fold_norm" for st in result.spec.canonicalize)
+    assert any("carry the residual's sign" in n and "max rel err" in n for n in result.notes), result.notes
