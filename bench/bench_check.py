@@ -6,7 +6,9 @@
 
 ``--modes``: the default check (``local``: each space on the blocks it acts on, one block
 at a time, :mod:`symspec.checker.local`) and the whole-model one (``whole``:
-``symspec check --whole``), side by side.
+``symspec check --whole``), side by side; ``learned``: the function check learned
+matching ends with (:func:`symspec.learned.loop.check_function`, float64, every space's
+sampled element at once, on the model's own weights as the canonical ones).
 
 Each measurement runs ``symspec.check`` (what ``symspec check`` calls) on a model built
 from a config with random weights (nothing downloads), in a fresh subprocess, so that
@@ -76,6 +78,26 @@ def build(case: str) -> tuple[Any, dict[str, Any]]:
     return model.eval(), inputs
 
 
+class _LearnedReport:
+    """The learned check's result in the shape of a check report's (one float64 row)."""
+
+    def __init__(self, got: dict[str, Any]) -> None:
+        self.passed = got["passed"]
+        self.rows = [type("Row", (), {"dtype": "float64", "max_rel": got["max_rel"]})()]
+
+
+def learned_check(model: Any, spec: Any, inputs: Any) -> Any:
+    import symspec
+    from symspec.alignment.mixture import Mixture
+    from symspec.learned.loop import check_function
+    from symspec.transforms import sample_elements
+
+    problem = symspec.bind(spec, model).problem
+    sd = model.state_dict()
+    mixture = Mixture(problem, model, [sd, sd], "cpu")
+    return _LearnedReport(check_function(mixture, mixture.states[1], sample_elements(problem), (inputs, None), 2, cond=10.0))
+
+
 def measure(case: str, dtypes: list[str], samples: int, mode: str = "local") -> dict[str, Any]:
     """One measurement, in this process (the parent runs it in a fresh one)."""
     import torch
@@ -92,7 +114,10 @@ def measure(case: str, dtypes: list[str], samples: int, mode: str = "local") -> 
     load = os.getloadavg()[0]
     cpu0 = time.process_time()
     start = time.perf_counter()
-    report = check(model, spec, inputs, samples=samples, dtypes=dtypes, whole=mode == "whole")
+    if mode == "learned":
+        report = learned_check(model, spec, inputs)
+    else:
+        report = check(model, spec, inputs, samples=samples, dtypes=dtypes, whole=mode == "whole")
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu0
     peak = status_kb("VmHWM")
@@ -128,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default=str(RESULTS / "check.json"))
     ap.add_argument("--passive", action="store_true", help="run with OMP_WAIT_POLICY=PASSIVE (for shared machines)")
-    ap.add_argument("--modes", default="local,whole", help="comma-separated: local (the default check, block by block), whole (--whole)")
+    ap.add_argument("--modes", default="local,whole", help="comma-separated: local (the default check, block by block), whole (--whole), "
+                    "learned (learned matching's final check)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: CASE:DTYPES:MODE, run in this process
     args = ap.parse_args(argv)
 

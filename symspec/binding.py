@@ -10,6 +10,7 @@ graph when it could be traced.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -84,6 +85,9 @@ def bind(spec: Spec | str, model: torch.nn.Module | Mapping[str, torch.Tensor], 
     (:func:`symspec.graph.trace`) and the activation sites of each space are recorded on
     the problem (:attr:`~symspec.problem.Problem.sites`).
     """
+    if not isinstance(spec, (Spec, str, os.PathLike)):
+        raise TypeError(f"bind(spec, model): spec is a Spec, a spec file or a built-in spec's name, not {type(spec).__name__}"
+                        + (" (the arguments are the other way round)" if isinstance(spec, torch.nn.Module) else ""))
     if not isinstance(spec, Spec):
         spec = load_spec(str(spec))
     b = _Binding(spec, _Model.of(model, config))

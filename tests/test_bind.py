@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -161,3 +162,16 @@ def test_template_regex_inverts_fill(parts: list[str], i: int, j: int) -> None:
     name = fill(template, caps)
     m = template_regex(template).fullmatch(name)
     assert m is not None and {k: int(v) for k, v in m.groupdict().items()} == caps
+
+
+@pytest.mark.parametrize("spec", [None, 3, object()], ids=["none", "int", "object"])
+def test_bind_refuses_a_spec_of_the_wrong_type(spec: Any) -> None:
+    with pytest.raises(TypeError, match="spec is a Spec, a spec file or a built-in spec's name"):
+        bind(spec, {"w": torch.zeros(2)})
+
+
+def test_bind_says_when_model_and_spec_are_swapped() -> None:
+    """A model passed first once surfaced as 'File name too long' (its repr taken for a path)."""
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="the other way round"):
+        bind(model, "nanogpt")  # type: ignore[arg-type]

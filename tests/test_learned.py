@@ -534,3 +534,67 @@ def test_cli_learned_on_hugging_face_llama_folders(tied: bool, tmp_path: Path) -
                          "--align", "learned", "--json")
     assert code == 0, err
     assert [m["method"] for m in json.loads(out)["methods"]] == ["weight", "learned"]
+
+
+def _whole_float64_difference(module: torch.nn.Module, before: Any, after: Any, inputs: Any, outputs: Any) -> tuple[float, float]:
+    """The reference: the whole model copied in float64, run on both states."""
+    import copy
+
+    from symspec.checker import compare, flatten_outputs, select_outputs
+    from symspec.data import call_model
+    from symspec.data.base import move
+    from symspec.precision import KeepFloat64
+
+    m64 = copy.deepcopy(module).to(torch.float64)
+    x = move(inputs, "cpu", torch.float64)
+
+    def forward(sd: Any) -> Any:
+        w = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in sd.items()}
+        with torch.no_grad(), KeepFloat64():
+            return flatten_outputs(select_outputs(call_model(lambda *a, **k: torch.func.functional_call(m64, w, a, k), x), outputs))
+    return compare(forward(before), forward(after))
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_the_block_by_block_float64_check_agrees_with_the_whole_model(name: str) -> None:
+    """Learned matching's function check runs one block at a time in float64 (no float64
+    copy of the model): on every family it passes a group element as the whole-model
+    float64 check does, and a matrix off the group (the negative case) fails it with
+    the same deviation."""
+    from symspec.alignment.mixture import Mixture
+    from symspec.learned.loop import check_function
+    from symspec.transforms import apply_elements, sample_elements
+
+    a, x = ZOO[name](seed=0)
+    b, _ = ZOO[name](seed=1)
+    res = symspec.align(a, b, name, method="weight")
+    problem = res.bound.problem
+    mixture = Mixture(problem, res.canonical_model, [res.canonical_a, res.canonical_b], "cpu")
+    good = sample_elements(problem)
+    # off the group: the first space's orthogonal map with one entry moved, or its
+    # permutation sending two indices to one
+    bad = {s: {k: v.clone() for k, v in e.items()} for s, e in good.items()}
+    for s, e in bad.items():
+        if "matrix" in e and e["matrix"].ndim == 2 and problem.spaces[s].group.is_orthogonal():
+            e["matrix"][0, 0] += 0.5
+            break
+        if "perm" in e and e["perm"].ndim == 1 and len(e["perm"]) > 1:
+            e["perm"][0] = e["perm"][1]
+            break
+    else:
+        raise AssertionError(f"{name}: no space to move off its group")
+    b_state = mixture.states[1]
+    for elements, passes in ((good, True), (bad, False)):
+        got = check_function(mixture, b_state, elements, (x, None), 2, cond=10.0)
+        e64 = {s: {k: v.double() if v.is_floating_point() else v for k, v in e.items()} for s, e in elements.items()}
+        b64 = {k: v.double() for k, v in b_state.items()}
+        ref_abs, ref_rel = _whole_float64_difference(mixture.module, b64, apply_elements(problem, e64, b64),
+                                                     _first(x, 2), problem.outputs)
+        assert got["passed"] is passes and (ref_rel <= got["rtol"]) is passes, (name, got, ref_rel)
+        if not passes:
+            assert got["max_rel"] == pytest.approx(ref_rel, rel=1e-6) and got["max_abs"] == pytest.approx(ref_abs, rel=1e-6)
+
+
+def _first(x: Any, n: int) -> Any:
+    from symspec.learned.loop import _rows
+    return _rows(x, 0, n)

@@ -231,9 +231,9 @@ def test_scratch_canonical_values_equal_the_state_dict_canonical_form(dtype: tor
     reference = canonicalize_state_dict(bound, {k: v.double() for k, v in original.items()})
     assert not torch.equal(reference["lm_head.weight"], reference["model.embed_tokens.weight"])  # a norm folded in
     for name in original:  # one at a time: a twin no step reads after the untie is dropped first
-        got = Weights(bound, original).canonical([name])[name]
+        got = Weights.of(bound, original).canonical([name])[name]
         assert got.dtype == torch.float64 and torch.equal(got, reference[name]), name
-    together = Weights(bound, original).canonical(list(original))
+    together = Weights.of(bound, original).canonical(list(original))
     assert all(torch.equal(together[n], reference[n]) for n in original)
     assert all(torch.equal(original[k], before[k]) for k in original)
 
@@ -305,16 +305,16 @@ def test_canonical_and_transformed_rows_are_those_rows_of_the_whole(rows: object
     bound = bind(spec, model)
     original = dict(model.state_dict(keep_vars=False))
     names = ["transformer.wte.weight", "lm_head.weight"]
-    weights = Weights(bound, original)
+    weights = Weights.of(bound, original)
     whole = weights.canonical(names)
-    part = Weights(bound, original).canonical(names, rows)  # type: ignore[arg-type]
+    part = Weights.of(bound, original).canonical(names, rows)  # type: ignore[arg-type]
     from symspec.checker.blocks import take_rows
     assert all(torch.equal(part[n], take_rows(whole[n], rows)) for n in names)  # type: ignore[arg-type]
     elements = symspec.sample_elements(bound.problem, seed=1)
     resid = {"resid": elements["resid"]}
     assert weights.rows_apart(names, resid)
     moved = weights.transformed(names, resid)
-    moved_part = Weights(bound, original).transformed(names, resid, rows=rows)  # type: ignore[arg-type]
+    moved_part = Weights.of(bound, original).transformed(names, resid, rows=rows)  # type: ignore[arg-type]
     assert all(torch.allclose(moved_part[n], take_rows(moved[n], rows), rtol=0, atol=1e-12) for n in names)  # type: ignore[arg-type]
 
 

@@ -49,19 +49,25 @@ def _names_in(args: Any) -> list[str]:
 
 class Weights:
     """Canonical and transformed values of named tensors, computed on demand in float64
-    from the model's own tensors (any dtype); nothing holds a float64 copy of the model."""
+    from the model's own tensors (any dtype); nothing holds a float64 copy of the model.
+    ``ops``: the canonicalisation's steps (none: ``original`` is canonical already)."""
 
-    def __init__(self, bound: BoundSpec, original: Mapping[str, torch.Tensor]) -> None:
-        self.problem: Problem = bound.problem
+    def __init__(self, problem: Problem, original: Mapping[str, torch.Tensor], ops: Sequence[CanonOp] = ()) -> None:
+        self.problem = problem
         self.original = original
-        # in the pieces check() applies (a centring, one writer at a time): a block's closure
-        # holds the writers it reads, not every layer's
-        self.ops: list[CanonOp] = _value_steps(bound.canonical)
+        self.ops: list[CanonOp] = list(ops)
         self.touch = [set(_names_in(dict(op.args))) & set(original) for op in self.ops]
         self.twins: dict[str, tuple[str, ...]] = {n: g for g in self.problem.ties for n in g}
         self.cache: dict[str, torch.Tensor] = {}
         order = {n: i for i, n in enumerate(self.problem.params)}
         self.order = order
+
+    @classmethod
+    def of(cls, bound: BoundSpec, original: Mapping[str, torch.Tensor]) -> Weights:
+        """The canonical values ``bound``'s canonicalisation gives ``original``, taken in
+        the pieces check() applies (a centring, one writer at a time): a block's closure
+        holds the writers it reads, not every layer's."""
+        return cls(bound.problem, original, _value_steps(bound.canonical))
 
     def group(self, name: str) -> tuple[str, ...]:
         return self.twins.get(name, (name,))
@@ -179,7 +185,7 @@ class LocalModels:
         self.streamed = Streamed(model, device)
         original = {e.name: e.get() for es in self.streamed.entries for e in es}
         original.update({e.name: e.get() for e in self.streamed.rest})
-        self.weights = Weights(bound, original)
+        self.weights = Weights.of(bound, original)
         self.inputs = inputs
         self.dtypes = dtypes
         self.outputs = bound.problem.outputs  # the spec's outputs: those compared (all where empty)
@@ -260,3 +266,39 @@ class LocalModels:
             base = streamed.shared(ns, lambda: weights.transformed(ns, common, rows=rows), rows)
             return weights.transformed(ns, extra, base, rows) if extra else base
         return values
+
+
+def state_values(state: Mapping[str, torch.Tensor], alias: Mapping[str, str] | None = None) -> Values:
+    """The values of a state dict (a tied name reads the name it is tied to, ``alias``),
+    in float64; a name the state lacks keeps the module's own value."""
+    alias = alias or {}
+
+    def values(names: Sequence[str], rows: Rows | None = None) -> Mapping[str, torch.Tensor]:
+        out = {}
+        for n in names:
+            v = state.get(alias.get(n, n))
+            if v is not None:
+                out[n] = (v if rows is None else take_rows(v, rows)).detach().to(torch.float64)
+        return out
+    return values
+
+
+def element_values(weights: Weights, elements: Mapping[str, Element]) -> Values:
+    """``weights``' canonical values with ``elements`` applied, a block's at a time."""
+    def values(names: Sequence[str], rows: Rows | None = None) -> Mapping[str, torch.Tensor]:
+        if rows is not None and not weights.rows_apart(names, elements):
+            return {n: take_rows(v, rows) for n, v in values(names).items()}
+        return weights.transformed(names, elements, rows=rows)
+    return values
+
+
+def stream_difference(model: torch.nn.Module, inputs: Any, before: Values, after: Values,
+                      outputs: Sequence[str] = (), device: torch.device | str = "cpu") -> tuple[float, float]:
+    """(max abs, max rel) difference between ``model``'s outputs (``outputs`` of them where
+    given) with the values ``before`` and with ``after``, in float64 (casts to float32
+    inside the model kept in float64), one block at a time: the model is never copied, and
+    no more than one block's values are held in float64 beside it."""
+    streamed = Streamed(model, device)
+    (rec,) = streamed.record([torch.float64], inputs, before, [KeepFloat64(rewrite=True)])
+    got = streamed.run(torch.float64, inputs, after, KeepFloat64(rewrite=True))
+    return compare(flatten_outputs(select_outputs(rec.final, outputs)), flatten_outputs(select_outputs(got, outputs)))

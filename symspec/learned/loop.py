@@ -9,7 +9,6 @@ pair; universe refinement (:mod:`symspec.universe.learned`) and free directions
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -21,15 +20,14 @@ import torch
 from ..alignment.mixture import Mixture
 from ..alignment.protocol import Alignment, AlignOptions, Endpoint
 from ..alignment.registry import get_method
-from ..checker import DEFAULT_RTOL, compare, flatten_outputs, select_outputs
-from ..data import call_model
-from ..data.base import batch_len, move
+from ..checker import DEFAULT_RTOL
+from ..checker.local import Weights, element_values, state_values, stream_difference
+from ..data.base import batch_len
 from ..errors import SymspecInputError
 from ..groups import Element
-from ..precision import KeepFloat64
 from ..problem import Problem
 from ..solvers import MatchEvent, SolverError, Timer, match_weights
-from ..transforms import apply_elements
+from ..statedict import functional_names
 from .method import LearnedOptions, lambda_sampler
 from .parametrize import (
     DiagonalParam,
@@ -80,29 +78,25 @@ def float64_difference(module: torch.nn.Module, device: Any, before: Mapping[str
     of them where given: the spec's) with the weights ``before`` and with ``after``
     (functional names) on ``examples`` examples of ``batch``, in float64 throughout:
     casts a model writes (RMSNorm computed in float32) are kept in float64, as the
-    checker does."""
-    m64 = copy.deepcopy(module).to(device, torch.float64).eval()
-    inputs = move(_rows(batch[0], 0, examples), device, torch.float64)
-
-    def forward(sd: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-        w = {k: v.detach().to(device, torch.float64) if v.is_floating_point() else v.to(device) for k, v in sd.items()}
-        with torch.no_grad(), KeepFloat64():
-            out = call_model(lambda *x, **k: torch.func.functional_call(m64, w, x, k), inputs)
-            return flatten_outputs(select_outputs(out, outputs))
-
-    return compare(forward(before), forward(after))
+    checker does. One block at a time (:func:`~symspec.checker.local.stream_difference`):
+    neither the module nor the states are copied in float64."""
+    _, alias = functional_names(module)
+    return stream_difference(module, _rows(batch[0], 0, examples), state_values(before, alias),
+                             state_values(after, alias), outputs, device)
 
 
 def check_function(run: Mixture, b_state: Mapping[str, torch.Tensor], elements: Mapping[str, Element],
                    batch: tuple[Any, Any], examples: int, cond: float) -> dict[str, Any]:
     """``elements`` acting on ``b_state`` keep its function: outputs on ``examples``
     examples of ``batch``, in float64, within 1e-9 relative scaled by ``cond / 10`` (the
-    worst condition number of the elements; the checker's elements have at most 10)."""
-    b64 = {k: v.detach().to(run.device, torch.float64) if v.is_floating_point() else v.to(run.device)
-           for k, v in b_state.items() if k in run.names}
+    worst condition number of the elements; the checker's elements have at most 10).
+    Each block's tensors are upcast and transformed in float64 only while it runs."""
+    _, alias = functional_names(run.module)
+    named = {n: b_state[alias.get(n, n)] for n in run.module.state_dict(keep_vars=True) if alias.get(n, n) in b_state}
     e64 = {s: {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in e.items()} for s, e in elements.items()}
-    aligned = apply_elements(run.problem, e64, b64)
-    max_abs, max_rel = float64_difference(run.module, run.device, b64, aligned, batch, examples, run.problem.outputs)
+    after = element_values(Weights(run.problem, named), e64)
+    max_abs, max_rel = stream_difference(run.module, _rows(batch[0], 0, examples), state_values(named), after,
+                                         run.problem.outputs, run.device)
     rtol = DEFAULT_RTOL["float64"] * max(1.0, cond / 10.0)
     return {"examples": examples, "dtype": "float64", "max_abs": max_abs, "max_rel": max_rel, "rtol": rtol,
             "passed": math.isfinite(max_rel) and max_rel <= rtol}
