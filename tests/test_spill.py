@@ -199,3 +199,36 @@ def test_a_forked_child_leaves_the_parent_s_files(tmp_path: Path) -> None:
     assert os.path.exists(s.file.path) and torch.equal(s.load(), torch.ones(3))
     store.close()
     assert _folders(tmp_path) == []
+
+
+def test_blocks_read_back_are_kept_for_the_next_reader_within_a_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A space's terms and its trial's objective read the same blocks: the second read
+    comes from the blocks held (:data:`HOT_BYTES`), not the disk, with the same result.
+    With no budget every reader goes to the disk (the negative case), and a budget
+    smaller than everything still gives the same result."""
+    import symspec.solvers.engine.site_statistics as ss
+
+    monkeypatch.setattr(mo, "SPILL_MIN_BYTES", 1)
+    load = Spilled.load
+
+    def run(budget: int) -> tuple[int, symspec.AlignResult]:
+        seen: list[int] = []
+
+        def counted(self: Spilled, device: Any = None) -> torch.Tensor:
+            seen.append(self.nbytes)
+            return load(self, device)
+
+        monkeypatch.setattr(Spilled, "load", counted)
+        monkeypatch.setattr(ss, "HOT_BYTES", budget)
+        res = _align("weight+activation", str(tmp_path))
+        return len(seen), res
+
+    held_reads, held = run(1 << 28)
+    disk_reads, disk = run(0)
+    part_reads, part = run(4096)
+    assert held_reads < part_reads < disk_reads, (held_reads, part_reads, disk_reads)
+    for other in (disk, part):
+        assert other.history == held.history
+        for space, e in held.elements.items():
+            for k, v in e.items():
+                assert torch.equal(other.elements[space][k], v), (space, k)

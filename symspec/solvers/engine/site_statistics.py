@@ -32,7 +32,7 @@ activation methods fall back to the factored tensors where not.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Set
 from typing import Any
 
@@ -235,6 +235,10 @@ def _apply(problem: Problem, factors: Iterable[Any], x: torch.Tensor, elements: 
     return x
 
 
+#: bytes of spilled blocks held between a space's terms and the objective of its trial
+HOT_BYTES = 1 << 28
+
+
 def _cast(e: Element, dtype: torch.dtype) -> Element:
     return {k: v.to(dtype) if v.is_floating_point() else v for k, v in e.items()}
 
@@ -255,7 +259,26 @@ class SiteStatistics:
         self.incidences = _site_incidences((s.name, [b.segment for b in s.blocks]) for s in sites)
         self._block = {(s.name, b.segment): b for s in sites for b in s.blocks}
         self.values: dict[str, Value] = {}
+        #: the spilled blocks read back last (a space's terms, then its trial's objective
+        #: over the same blocks), up to :data:`HOT_BYTES`, least recently read let go first
+        self._hot: OrderedDict[tuple[str, float, str], torch.Tensor] = OrderedDict()
         self._objectives()
+
+    def _held(self, x: torch.Tensor | Spilled, device: torch.device | str) -> torch.Tensor:
+        """``x`` in memory on ``device``; a spilled block read back from :attr:`_hot` when there."""
+        if not isinstance(x, Spilled):
+            return x
+        key = (x.file.path, x.scale, str(device))
+        t = self._hot.get(key)
+        if t is not None:
+            self._hot.move_to_end(key)
+            return t
+        t = held(x, device)
+        if t.nbytes <= HOT_BYTES:
+            while self._hot and sum(v.nbytes for v in self._hot.values()) + t.nbytes > HOT_BYTES:
+                self._hot.popitem(last=False)
+            self._hot[key] = t
+        return t
 
     # -- the provider protocol ---------------------------------------------------------------
     def active(self, space: str) -> bool:
@@ -306,7 +329,7 @@ class SiteStatistics:
         per-feature energies move with it), B with ``right`` applied."""
         dt, dev = self.ctx.dtype, self.ctx.device
         el = self.elements
-        cross, asq = held(b.cross, dev).to(dt), b.asq.to(dt)
+        cross, asq = self._held(b.cross, dev).to(dt), b.asq.to(dt)
         if left:
             cross = _apply(self.problem, left, cross, el, inverse=True)
             asq = _apply(self.problem, left, asq[:, None], el, inverse=True)[:, 0]
@@ -314,7 +337,7 @@ class SiteStatistics:
             cross = _apply(self.problem, right, cross.mT, el).mT
         gram: torch.Tensor | Callable[[], torch.Tensor]
         if b.gram is not None:
-            g = held(b.gram, dev).to(dt)
+            g = self._held(b.gram, dev).to(dt)
             if right:
                 g = _apply(self.problem, right, _apply(self.problem, right, g, el).mT, el)
             gram, gdiag = g, g.diagonal()
@@ -347,9 +370,9 @@ class SiteStatistics:
             factors = b.segment.factors
             a_sq = float(b.asq.to(f64).sum())
             dev = b.asq.device
-            dot = float(_apply(self.problem, factors, held(b.cross, dev).to(f64).mT, el).diagonal().sum())
+            dot = float(_apply(self.problem, factors, self._held(b.cross, dev).to(f64).mT, el).diagonal().sum())
             if b.gram is not None:
-                g = held(b.gram, dev).to(f64)
+                g = self._held(b.gram, dev).to(f64)
                 b_sq = float(_apply(self.problem, factors, _apply(self.problem, factors, g, el).mT, el).diagonal().sum())
             elif all(self.problem.spaces[f.space].group.is_orthogonal(f.path) and f.variance != "abs" for f in factors):
                 b_sq = float(b.gdiag.to(f64).sum())
