@@ -96,6 +96,12 @@ NEW: dict[str, tuple[Callable[..., tuple[torch.nn.Module, Any]], dict[str, str]]
     "falcon": (_hf("FalconForCausalLM", "FalconConfig", new_decoder_architecture=False, multi_query=True, parallel_attn=True,
                    alibi=False, intermediate_size=None, ffn_hidden_size=12),
                {"resid": "OC(d)", "attn": "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)", "mlp": "S(f)"}),
+    # grouped-query attention fused into one projection stored per key/value group,
+    # [g0: q q k v][g1: q q k v] (Falcon's new decoder layout): the query heads are a
+    # middle factor's slots of every group
+    "falcon_grouped": (_hf("FalconForCausalLM", "FalconConfig", new_decoder_architecture=True, num_kv_heads=2,
+                           alibi=False, intermediate_size=None, ffn_hidden_size=12),
+                       {"resid": "OC(d)", "attn": "Heads(H, qk=RoPE(dh), ov=GL(dh), kv=K)", "mlp": "S(f)"}),
     # (1 + w) RMSNorms, and norms on each branch's output before it joins the residual stream:
     # those gains cannot be folded, so the residual keeps signed permutations only
     "gemma2": (_hf("Gemma2ForCausalLM", "Gemma2Config", head_dim=4, num_key_value_heads=2),

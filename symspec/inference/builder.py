@@ -33,6 +33,8 @@ class _Builder(SpacePlans, Bindings):
         self.spaces: dict[str, Space] = {}
         self.class_space: dict[int, tuple[str, int | None]] = {}  # class root -> (base, index)
         self.head_of: dict[int, tuple[str, int | None, bool]] = {}  # head class -> (base, index, kv view)
+        #: the query heads of one key/value group (Falcon's grouped layout) -> the query-head class
+        self.group_heads: dict[int, int] = {}
         self.within_of: dict[int, tuple[str, int | None, str, bool]] = {}  # within-head class -> (base, index, part, dual side)
         self.notes: list[str] = []
         self.unexplained: list[tuple[str, str]] = []
@@ -186,6 +188,11 @@ class _Builder(SpacePlans, Bindings):
             # are the inner part of the merged axis
             qh = self.ax.find(att.qh[-1])
             kh = self.ax.find(att.kh[-1]) if att.kh else None
+            if len(att.qh) == 2 and kh is not None and self.ax.find(att.qh[0]) == kh:
+                # query heads laid out as (key/value group, head in the group): Falcon's
+                # grouped fused heads. One class for them all, split the same way
+                qh = self._joined(att.qh)
+                self.group_heads[self.ax.find(att.qh[1])] = qh
             layer = self._layer_of_module(att.module)
             k = count.get(layer, 0)
             count[layer] = k + 1
@@ -229,6 +236,21 @@ class _Builder(SpacePlans, Bindings):
             self.within_of[qw] = (base, layer, "qk", False)
             self.within_of.setdefault(kw, (base, layer, "qk", True))
             self.within_of[vw] = (base, layer, "ov", False)
+
+    def _joined(self, atoms: tuple[int, ...]) -> int:
+        """A class of the size of ``atoms``' product whose split is ``atoms`` (made once)."""
+        key = tuple(self.ax.find(a) for a in atoms)
+        for r, memo in self.ax.splits.items():
+            kids = memo.get(tuple(self.ax.size[a] for a in key))
+            if kids is not None and tuple(self.ax.find(k) for k in kids) == key:
+                return self.ax.find(r)
+        n = 1
+        for a in key:
+            n *= self.ax.size[a]
+        whole = self.ax.fresh(n)
+        for a, b in zip(self.ax.split(whole, [self.ax.size[a] for a in key]), key):
+            self.ax.unify(b, a)  # the existing classes keep their roots
+        return self.ax.find(whole)
 
     def qk_group(self, qw: int, kw: int, tags: set[str]) -> tuple[str, int | None, list[str]]:
         rot = self._rope(qw)

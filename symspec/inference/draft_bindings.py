@@ -30,6 +30,9 @@ class Bindings:
             if len(kids) != 2:
                 continue
             h, w = self.ax.find(kids[0]), self.ax.find(kids[1])
+            grouped = self._grouped_heads(h, w, dual)
+            if grouped is not None:
+                return grouped
             if h in self.head_of and w in self.within_of:
                 base, idx, kv = self.head_of[h]
                 b2, _, part, side = self.within_of[w]
@@ -43,13 +46,18 @@ class Bindings:
                     chains = []
                     for _, _, c in tiles:
                         cw = self.ax.find(c)
+                        got = self._group_piece(cw) if kv else None
+                        if got is not None:  # a group's query heads: [g0: q q k v][g1: ...] (Falcon)
+                            chains.append([term(base, idx, got[0], dual != got[1])])
+                            continue
                         if cw not in self.within_of:
                             chains = []
                             break
                         _, _, part, side = self.within_of[cw]
                         chains.append([term(base, idx, part + (".kv" if kv else ""), dual != side)])
                     if chains:
-                        return axis_expr(chains, cat=True, heads=self.spaces[base].heads_dim)
+                        sp = self.spaces[base]
+                        return axis_expr(chains, cat=True, heads=sp.kv_dim if kv and sp.kv_dim else sp.heads_dim)
         tiles = self.ax.tiling(r)
         if tiles:
             chains = []
@@ -59,6 +67,34 @@ class Bindings:
                     return None
                 chains.append(list(sub.segments[0].terms))
             return axis_expr(chains, cat=True)
+        return None
+
+    def _grouped_heads(self, g: int, rest: int, dual: bool) -> AxisExpr | None:
+        """``(g, rest)`` with ``rest`` split into (head in the group, width) and ``g`` a key/
+        value group: the query heads of a grouped layout (Falcon's), group-major as
+        ``Heads(H, ..., kv=K)`` orders them."""
+        for kids in self.ax.splits.get(rest, {}).values():
+            if len(kids) != 2:
+                continue
+            inside, w = self.ax.find(kids[0]), self.ax.find(kids[1])
+            joined = self.group_heads.get(inside)
+            if joined is None or joined not in self.head_of or w not in self.within_of:
+                continue
+            whole = self.ax.splits.get(self.ax.find(joined), {}).get((self.ax.size[g], self.ax.size[inside]))
+            if whole is None or self.ax.find(whole[0]) != g:
+                continue
+            base, idx, _ = self.head_of[joined]
+            _, _, part, side = self.within_of[w]
+            return axis_expr([[term(base, idx, part, dual != side)]])
+        return None
+
+    def _group_piece(self, a: int) -> tuple[str, bool] | None:
+        """(part, side) when ``a`` holds one key/value group's query heads: split into (the
+        heads of the group, a head's width)."""
+        for kids in self.ax.splits.get(a, {}).values():
+            if len(kids) == 2 and self.ax.find(kids[0]) in self.group_heads and self.ax.find(kids[1]) in self.within_of:
+                _, _, part, side = self.within_of[self.ax.find(kids[1])]
+                return part, side
         return None
 
     def bindings(self, folded_gains: set[str], folded_biases: set[str], unfoldable: dict[int, str]) -> dict[str, Any]:

@@ -125,6 +125,8 @@ class ShapeRules:
             out[dim] = (self.ax.every_other(lay[dim][0], start),)  # x[..., 0::2], x[..., 1::2]
         elif step == 1 and self._outer_piece(lay, dim, start, end) is not None:
             out = self._outer_piece(lay, dim, start, end)
+        elif step == 1 and self._middle_piece(lay, dim, start, end) is not None:
+            out = self._middle_piece(lay, dim, start, end)
         elif step != 1 or len(lay[dim]) != 1:
             if self.feat(x):
                 self.ax.tag(lay[dim], "opaque:slice")
@@ -197,6 +199,8 @@ class ShapeRules:
         """Index ``idx`` of dim ``dim`` (the dim goes away)."""
         piece = self._outer_piece(lay, dim, idx, idx + 1)
         if piece is None:
+            piece = self._middle_piece(lay, dim, idx, idx + 1)
+        if piece is None:
             return lay[:dim] + lay[dim + 1 :]
         return piece[:dim] + piece[dim + 1 :]
 
@@ -226,6 +230,57 @@ class ShapeRules:
             new = self.ax.split(seg, inner) if len(inner) > 1 else (seg,)
         remap: dict[int, int] = {}
         for o, m in zip(old, new):
+            self._mirror(o, m, remap)
+        out = [tuple(remap.get(self.ax.find(x), x) for x in d) for d in lay]
+        out[dim] = (outer,) if outer is not None else ()
+        return out
+
+    def _middle_piece(self, lay: list[Layout], dim: int, start: int, end: int) -> list[Layout] | None:
+        """Positions [start, end) of dim ``dim`` when that dim is the inner factor of the
+        outer factor of a product: the fused axis P was viewed as (P', w...) and P' as
+        (g..., s), and ``dim`` holds s with w... in the dims after it (Falcon's grouped
+        fused heads, P = K x (H/K + 2) x dh: the query heads are slots [0, H/K) of every
+        group). P is given the split (g..., s*w) whose last factor holds the piece as a
+        segment, with inner classes of its own (as :meth:`_outer_piece` gives an outer
+        factor's piece). None when the dim is no such factor."""
+        if len(lay[dim]) != 1:
+            return None
+        s_atom = lay[dim][0]
+        org = self.ax.origin.get(s_atom)
+        if org is None or org[1] != "split":
+            return None
+        mid, _, (mid_sizes, k) = org
+        if len(mid_sizes) < 2 or k != len(mid_sizes) - 1:
+            return None
+        up = self.ax.origin.get(self.ax.find(mid))
+        if up is None or up[1] != "split" or up[2][1] != 0:
+            return None
+        top, _, (top_sizes, _) = up
+        inner = tuple(top_sizes[1:])
+        top_kids = self.ax.split(top, top_sizes)
+        # the dims after ``dim`` hold P's inner factors, one per dim, in order
+        after = lay[dim + 1 : dim + 1 + len(inner)]
+        if len(after) != len(inner) or any(len(d) != 1 or self.ax.find(d[0]) != self.ax.find(t)
+                                           for d, t in zip(after, top_kids[1:])):
+            return None
+        width = 1
+        for z in inner:
+            width *= z
+        ns = mid_sizes[-1]
+        kids = self.ax.split(top, (*mid_sizes[:-1], ns * width))
+        for a, b in zip(kids[:-1], self.ax.split(mid, mid_sizes)[:-1]):
+            self.ax.unify(a, b)
+        for a, b in zip(self.ax.split(kids[-1], (ns, *inner)), (s_atom, *top_kids[1:])):
+            self.ax.unify(a, b)
+        seg = self.ax.seg(kids[-1], start * width, end * width)
+        if end - start > 1:
+            new = self.ax.split(seg, (end - start, *inner))
+            outer, new = new[0], new[1:]
+        else:
+            outer = None
+            new = self.ax.split(seg, inner) if len(inner) > 1 else (seg,)
+        remap: dict[int, int] = {}
+        for o, m in zip(top_kids[1:], new):
             self._mirror(o, m, remap)
         out = [tuple(remap.get(self.ax.find(x), x) for x in d) for d in lay]
         out[dim] = (outer,) if outer is not None else ()
