@@ -55,6 +55,19 @@ def _timm(name: str, **kw: Any) -> Callable[[int], tuple[torch.nn.Module, Any]]:
     return build
 
 
+def _swin(**kw: Any) -> Callable[[int], tuple[torch.nn.Module, Any]]:
+    def build(seed: int = 0) -> tuple[torch.nn.Module, Any]:
+        import timm
+
+        torch.manual_seed(seed)
+        model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=16, patch_size=4, window_size=2,
+                                  embed_dim=8, num_classes=5, **kw).eval()
+        randomize_(model, seed)
+        return model, torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+
+    return build
+
+
 class _ClipTextEmbeds(torch.nn.Module):
     """CLIP's text tower as its embedding: the end-of-text token's residual, picked by
     ``h[arange(B), ids.argmax(-1)]`` after the final norm, projected."""
@@ -141,5 +154,12 @@ NEW: dict[str, tuple[Callable[..., tuple[torch.nn.Module, Any]], dict[str, str]]
     # the residual permutations and a sign
     "bloom": (_hf("BloomForCausalLM", "BloomConfig"),
               {"resid": "S(d)", "sgn": "Sign(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)", "mlp": "S(f)"}),
+    # one stage of Swin: windows cut by reshapes, a feature map padded to whole windows
+    # (F.pad) and shifted by torch.roll on the spatial dims only, so the residual stream
+    # keeps its permutations; a relative position bias table per head pins the heads in
+    # place (moving a head would need its column of the table moved with it)
+    "swin_one_stage": (_swin(depths=(2,), num_heads=(2,)),
+                       {"resid": "S(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)",
+                        "attn2": "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)", "mlp": "S(f)", "mlp2": "S(n_mlp2)"}),
     "clip_text": (_clip_text, {"resid": "OC(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh))", "mlp": "S(f)"}),
 }

@@ -101,6 +101,43 @@ class ShapeRules:
         if shape is not None:
             self.lay[n.name] = self.fresh_layouts(shape)
 
+    def _moved_dims(self, n: fx.Node, dims: list[int], name: str) -> None:
+        """An op that moves or adds positions along ``dims`` only (a spatial pad, a shifted
+        window's roll): those dims lose their classes (tagged, so that a feature axis among
+        them keeps no symmetry), the others keep theirs."""
+        x = n.args[0]
+        lay = self.L(x)
+        shape = shape_of(n)
+        if lay is None or shape is None or len(lay) != len(shape):
+            return self.opaque(n, name)
+        out = list(lay)
+        for d in dims:
+            if lay[d] and self.feat(x):
+                self.ax.tag(lay[d], f"opaque:{name}")
+            out[d] = (self.ax.fresh(shape[d], f"opaque:{name}"),) if shape[d] > 1 else ()
+        self.lay[n.name] = out
+
+    def op_constant_pad_nd(self, n: fx.Node, shape: Any) -> None:
+        """``F.pad(x, (l_last, r_last, l_prev, r_prev, ...))`` with a constant: the dims with
+        padding get new positions (Swin pads its feature map to whole windows)."""
+        xs = shape_of(n.args[0])
+        pad = list(n.args[1]) if len(n.args) > 1 else []
+        if xs is None:
+            return self.opaque(n, "pad")
+        dims = [len(xs) - 1 - k for k in range(len(pad) // 2) if pad[2 * k] or pad[2 * k + 1]]
+        return self._moved_dims(n, dims, "pad")
+
+    op_pad = op_constant_pad_nd
+
+    def op_roll(self, n: fx.Node, shape: Any) -> None:
+        """``torch.roll(x, shifts, dims)``: positions move along ``dims`` (Swin's shifted windows)."""
+        xs = shape_of(n.args[0])
+        dims = n.args[2] if len(n.args) > 2 else n.kwargs.get("dims", ())
+        if xs is None or dims in (None, ()):
+            return self.opaque(n, "roll")
+        dims = [int(d) % len(xs) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+        return self._moved_dims(n, dims, "roll")
+
     def _dim(self, n: fx.Node, pos: int, default: int, nd: int) -> int:
         d = n.args[pos] if len(n.args) > pos else n.kwargs.get("dim", default)
         return int(d) % nd
