@@ -4,7 +4,7 @@ Which parametrisation of the orthogonal residual trains better (``exp``: g0 exp(
 or ``polar``: the polar factor of a free latent), whether learning the permutations
 (straight-through estimator, Sinkhorn) changes them or the barrier (the paper finds it
 barely does), and what the schedule, the lambdas and the start change (``lr=...``,
-``steps*4``, ``warmup=0.2``, ``lambda=uniform``, ``init=auto``: :data:`VARIANTS`). For each variant: the loss barrier on the test split (11 points), the best
+``steps*4``, ``warmup=0.2``, ``lambda=uniform``, ``init=auto``, ``average=0.99``, ``path=3``: :data:`VARIANTS`). For each variant: the loss barrier on the test split (11 points), the best
 midpoint loss on the val split, the wall time, how far the residual map moved from weight
 matching's (largest eigen-angle of O_learned O_wm^T), the fraction of FF units whose
 permutation changed, the worst condition number of the per-head GL maps. Weight
@@ -44,6 +44,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "init=auto+lr=3e-2+steps*4": {"init": "auto", "lr": 3e-2, "steps_x": 4},
     # per-kind learning rates: the residual's rotation and the heads' GL maps move at different scales
     "linear*0.3": {"lr_scale": (("linear", 0.3),)}, "orthogonal*3": {"lr_scale": (("orthogonal", 3.0),)},
+    # the iterates averaged (an EMA of the latents validated beside them), the path's loss
+    "average=0.99": {"average": 0.99}, "average=0.999": {"average": 0.999}, "path=3": {"path_points": 3},
+    "init=auto+lr=3e-2+steps*4+average=0.99": {"init": "auto", "lr": 3e-2, "steps_x": 4, "average": 0.99},
 }
 
 

@@ -175,7 +175,8 @@ LEARN_FLAGS = {"learn_steps": ("--steps", "steps"), "learn_epochs": ("--epochs",
                "learn_batch_size": ("--batch-size", "batch_size"), "learn_lambda": ("--lambda", "lam"),
                "learn_permutations": ("--permutations", "permutations"), "learn_seed": ("--seed", "seed"),
                "learn_init": ("--init", "init"), "learn_lr_scale": ("--lr-scale", "lr_scale"),
-               "learn_micro_batch": ("--micro-batch", "micro_batch"), "learn_autocast": ("--autocast", "autocast")}
+               "learn_micro_batch": ("--micro-batch", "micro_batch"), "learn_autocast": ("--autocast", "autocast"),
+               "learn_average": ("--average", "average"), "learn_path_points": ("--path-points", "path_points")}
 
 
 def learned_options(method: str, learn: dict[str, Any]) -> Any:
@@ -377,6 +378,12 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--autocast", "learn_autocast", type=click.Choice(["bfloat16", "float16"]),
                      help="learned: the training forward passes in this precision (torch.autocast); the group elements "
                           "stay float32, validation and the function check full precision.  [default: off]"),
+        click.option("--average", "learn_average", type=FiniteFloat(0), metavar="BETA",
+                     help="learned: also validate an exponential moving average of the latents with this decay "
+                          "(e.g. 0.99); the better of it and the iterate can be the result.  [default: off]"),
+        click.option("--path-points", "learn_path_points", type=click.IntRange(1, 64), metavar="N",
+                     help="learned: lambdas drawn per step, the loss their mean (the path's loss, N times the "
+                          "work of a step).  [default: 1]"),
         click.option("--lambda", "learn_lambda", metavar="narrow|uniform|fixed:X",
                      help="learned: where lambda is drawn: narrow U(0.4, 0.6), uniform U(0, 1), or fixed:X.  [default: narrow]"),
         click.option("--permutations", "learn_permutations", type=click.Choice(["frozen", "ste", "sinkhorn"]),

@@ -399,6 +399,82 @@ def test_cli_learned_micro_batch_and_autocast_flags(tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
 
 
+def test_an_average_of_the_latents_is_validated_beside_the_iterate() -> None:
+    """--average: the training path is the iterate's, unchanged (the average is swapped in
+    for its validation and out again), each validation also scores the average, and the
+    result is the better of all candidates: never worse than without it. Bad decays are
+    refused."""
+    a, b = _models()
+    data, val = _data("train"), _data("val", 2, 1)
+
+    def go(**kw: Any) -> Any:
+        return symspec.align(a, b, "nanogpt", method="learned", data=data, validation=val,
+                             options=LearnedOptions(steps=12, lr=3e-2, eval_every=3, **kw))
+
+    plain, avg = go(), go(average=0.5)
+    curve, averaged = avg.info["val_midpoint_loss"], avg.info["val_midpoint_loss_average"]
+    assert curve == plain.info["val_midpoint_loss"]  # the same iterates: the swap left them alone
+    assert [s for s, _ in averaged] == [3, 6, 9, 12]
+    assert averaged != curve[1:]  # the average is another model
+    assert avg.info["best_from"] in ("start", "iterate", "average")
+    assert avg.info["best_val_midpoint_loss"] <= plain.info["best_val_midpoint_loss"]
+    best = min(v for _, v in curve + averaged)
+    assert avg.info["best_val_midpoint_loss"] == best
+    assert avg.info["check"]["passed"]
+    for bad in (0.0, 1.0, -0.5):
+        with pytest.raises(SymspecInputError, match="decay of the moving average"):
+            LearnedOptions(average=bad)
+
+
+def test_path_points_average_the_losses_of_several_lambdas() -> None:
+    """--path-points N: a step's gradient is the mean of the gradients at its N lambdas
+    (to rounding), not the first lambda's (the negative case)."""
+    from symspec.alignment.mixture import Mixture
+    from symspec.learned.loop import _optimizer, _train_step
+    from symspec.learned.parametrize import ParamSettings, parametrize
+
+    a, b = _models()
+    res = symspec.align(a, b, "nanogpt", method="weight")
+    problem = res.bound.problem
+    mixture = Mixture(problem, res.canonical_model, [res.canonical_a, res.canonical_b], "cpu")
+    data = _data("train")
+    batch = data.batches[0]
+    ws = [[0.7, 0.3], [0.4, 0.6]]
+
+    def grads(weights: list[list[float]]) -> list[torch.Tensor]:
+        settings = ParamSettings(device=mixture.device)
+        params = {1: {s: parametrize(problem.spaces[s].group, res.elements[s], settings) for s in problem.spaces}}
+        lat = [t for p in params[1].values() for t in p.latents()]
+        with torch.no_grad():  # away from the start, where a gradient could vanish by symmetry
+            for i, t in enumerate(lat):
+                t.add_(0.01 * torch.randn(t.shape, generator=torch.Generator().manual_seed(i), dtype=t.dtype))
+        opt = _optimizer(params, LearnedOptions(lr=1e-12))
+        _train_step(mixture, params, data, opt, batch, weights, 0)
+        return [t.grad.clone() for t in lat]
+
+    both, first, second = grads(ws), grads(ws[:1]), grads(ws[1:])
+    for g, g1, g2 in zip(both, first, second):
+        torch.testing.assert_close(g, (g1 + g2) / 2, rtol=1e-5, atol=1e-8)
+    assert any(not torch.allclose(g, g1, rtol=1e-3, atol=1e-6) for g, g1 in zip(both, first))
+    with pytest.raises(SymspecInputError, match="at least 1 lambda per step"):
+        LearnedOptions(path_points=0)
+
+
+def test_cli_learned_average_and_path_points_flags(tmp_path: Path) -> None:
+    _, args = _checkpoints(tmp_path)
+    code, out, err = run("match", *args, "--method", "learned", "--steps", 2, "--average", 0.9, "--path-points", 2,
+                         "--out", tmp_path / "m", "--json")
+    assert code == 0, err
+    info = json.loads(out)["info"]
+    assert info["average"] == 0.9 and info["path_points"] == 2 and "val_midpoint_loss_average" in info
+    for flag, value in (("--average", 1.5), ("--path-points", 0)):
+        code, _, err = run("match", *args, "--method", "learned", flag, value, "--out", tmp_path / "x")
+        assert code == 2 and (flag in err or "decay" in err), err
+    code, _, err = run("match", *args, "--method", "weight", "--average", 0.9, "--out", tmp_path / "x")
+    assert code == 2 and "--average: for --method learned" in err, err
+    assert not (tmp_path / "x").exists()
+
+
 # ----------------------------------------------------------------------------- universe refinement
 
 def test_universe_learned_refinement_lowers_the_merged_loss_and_keeps_every_function() -> None:

@@ -137,6 +137,8 @@ def align_pair(problem: Problem, a: Endpoint, b: Endpoint, options: AlignOptions
     info.update({"lambda": opts.lam, **found.info})
     info["best_val_midpoint_loss"] = info.pop("best_val_loss")
     info["val_midpoint_loss"] = info.pop("val_loss")
+    if "val_loss_average" in info:
+        info["val_midpoint_loss_average"] = info.pop("val_loss_average")
     info["check"] = found.checks[1]
     elements = {s: {k: v.detach().to("cpu") for k, v in e.items()} for s, e in found.elements[1].items()}
     return Alignment(elements, found.history, {"total_learned": time.perf_counter() - t_start}, converged=True,
@@ -192,6 +194,9 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
     order = shuffled_order(len(train), gen)
     window: list[float] = []
     reached = _max_condition(params)
+    average = _Average(latents, opts.average) if opts.average is not None and latents else None
+    avg_curve: list[tuple[int, float]] = []
+    best_from, va = "start", math.inf
     if progress is not None:
         progress(MatchEvent("start", 0, steps, total=steps, objective=best_val))
     with timer("learn"):
@@ -201,7 +206,10 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
             if not order:
                 order = shuffled_order(len(train), gen)
             batch = train[order.pop()]
-            last = _train_step(mixture, params, data, opt, batch, sample(gen), step, opts.micro_batch, opts.autocast)
+            weights = [sample(gen) for _ in range(opts.path_points)]
+            last = _train_step(mixture, params, data, opt, batch, weights, step, opts.micro_batch, opts.autocast)
+            if average is not None:
+                average.update(latents)
             window.append(last)
             done = step + 1
             if done % opts.eval_every == 0 or done == steps:
@@ -210,14 +218,22 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
                 with timer("validate"):
                     v = validate()
                     reached = max(reached, _max_condition(params))
+                    if average is not None:
+                        with average.swapped(latents):
+                            va = validate()
+                            if va < min(v, best_val):
+                                best_val, best_step, best, best_from = va, done, _projected_all(params), "average"
+                        avg_curve.append((done, va))
                 val_curve.append((done, v))
-                history.append(v)
+                history.append(min(v, va) if average is not None else v)
                 if v < best_val:
-                    best_val, best_step, best = v, done, _projected_all(params)
+                    best_val, best_step, best, best_from = v, done, _projected_all(params), "iterate"
             if progress is not None:  # the step's loss, and the last validation's
                 progress(MatchEvent("step", done, steps, space=f"{last:.4g}", done=done, total=steps,
                                     objective=val_curve[-1][1]))
     spaces = {i: _describe(ps) for i, ps in params.items()}
+    if average is not None:
+        info.update({"average": opts.average, "val_loss_average": avg_curve, "best_from": best_from})
     info.update({"best_step": best_step, "best_val_loss": best_val, "val_loss": val_curve, "train_loss": train_curve,
                  "spaces": spaces[next(iter(spaces))] if len(spaces) == 1 else {str(i): d for i, d in spaces.items()}})
     cond = _max_condition(params)  # the last step's
@@ -243,6 +259,7 @@ def _settings_info(opts: LearnedOptions, steps: int, train: list[Any], val: list
         **({"lr_scale": dict(opts.lr_scale)} if opts.lr_scale else {}),
         **({"micro_batch": opts.micro_batch} if opts.micro_batch else {}),
         **({"autocast": opts.autocast} if opts.autocast else {}),
+        **({"path_points": opts.path_points} if opts.path_points > 1 else {}),
         "batch_size": opts.batch_size, "train_batches": len(train),
         "validation": ("val split" if not held_out
                        else f"the last {sum(batch_len(t) for _, t in val)} train examples, held out"),
@@ -302,28 +319,57 @@ def pieces(batch: tuple[Any, Any], micro: int | None) -> list[tuple[tuple[Any, A
 
 
 def _train_step(mixture: Mixture, params: Mapping[int, Mapping[str, Any]], data: Any, opt: torch.optim.Optimizer,
-                batch: tuple[Any, Any], w: list[float], step: int, micro: int | None = None,
+                batch: tuple[Any, Any], ws: list[list[float]], step: int, micro: int | None = None,
                 autocast: str | None = None) -> float:
-    """One optimiser step on the loss of the models mixed with weights ``w`` on ``batch``
-    (run in pieces of ``micro`` examples, their gradients added; the forward passes under
-    ``autocast``); the loss (a loss that is not finite raises)."""
+    """One optimiser step on the mean loss over the mixing weights ``ws`` of the models
+    so mixed on ``batch`` (run in pieces of ``micro`` examples, their gradients added; the
+    forward passes under ``autocast``); the loss (a loss that is not finite raises)."""
     opt.zero_grad(set_to_none=True)
     last = 0.0
-    for piece, share in pieces(batch, micro):
-        # the elements again per piece: each backward frees the graph from the latents
-        elements = {i: {s: p.element() for s, p in ps.items()} for i, ps in params.items()}
-        actions = {i: {s: act for s, p in ps.items() if (act := p.action()) is not None} for i, ps in params.items()}
-        mixed = mixture.mix(_models(mixture, elements, actions), w)
-        with _autocast(mixture.device, autocast):
-            loss = mixture.loss(data, mixed, piece)
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise SolverError(f"learned matching: the interpolated model's loss at step {step + 1} is not finite "
-                              "(lower --lr?)")
-        (loss.float() * share).backward()
-        last += value * share
+    for w in ws:
+        for piece, share in pieces(batch, micro):
+            share /= len(ws)
+            # the elements again per piece: each backward frees the graph from the latents
+            elements = {i: {s: p.element() for s, p in ps.items()} for i, ps in params.items()}
+            actions = {i: {s: act for s, p in ps.items() if (act := p.action()) is not None} for i, ps in params.items()}
+            mixed = mixture.mix(_models(mixture, elements, actions), w)
+            with _autocast(mixture.device, autocast):
+                loss = mixture.loss(data, mixed, piece)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise SolverError(f"learned matching: the interpolated model's loss at step {step + 1} is not finite "
+                                  "(lower --lr?)")
+            (loss.float() * share).backward()
+            last += value * share
     opt.step()
     return last
+
+
+class _Average:
+    """An exponential moving average of the latents (decay ``beta``), from the start's."""
+
+    def __init__(self, latents: list[torch.Tensor], beta: float) -> None:
+        self.beta = beta
+        self.values = [t.detach().clone() for t in latents]
+
+    def update(self, latents: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for a, t in zip(self.values, latents):
+                a.mul_(self.beta).add_(t.detach(), alpha=1.0 - self.beta)
+
+    @contextlib.contextmanager
+    def swapped(self, latents: list[torch.Tensor]) -> Any:
+        """The latents hold the average inside the block, their own values again after."""
+        saved = [t.detach().clone() for t in latents]
+        with torch.no_grad():
+            for t, a in zip(latents, self.values):
+                t.copy_(a)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, v in zip(latents, saved):
+                    t.copy_(v)
 
 
 def _autocast(device: torch.device, dtype: str | None) -> Any:

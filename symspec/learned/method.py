@@ -96,7 +96,12 @@ class LearnedOptions:
     one piece held at a time: a batch that does not fit). ``autocast``: ``bfloat16`` or
     ``float16`` runs the training forward passes under :func:`torch.autocast` (the
     latents, the elements and their action on the weights stay float32, validation and
-    the function check full precision; on a CPU without bfloat16 units it is slower)."""
+    the function check full precision; on a CPU without bfloat16 units it is slower).
+    ``average``: a decay beta in (0, 1) keeps an exponential moving average of the
+    latents (``avg <- beta avg + (1 - beta) latents`` after every step), validated beside
+    the iterate at every validation; the better of the two is a candidate for the
+    result (None: no average). ``path_points``: the lambdas (merging weights) drawn per
+    step, the loss their mean: the path's loss rather than one point's."""
 
     steps: int | None = None
     epochs: float | None = None
@@ -117,6 +122,8 @@ class LearnedOptions:
     lr_scale: tuple[tuple[str, float], ...] = ()
     micro_batch: int | None = None
     autocast: str | None = None
+    average: float | None = None
+    path_points: int = 1
 
     def __attrs_post_init__(self) -> None:
         from .parametrize import ORTHOGONAL, PERMUTATIONS  # optional: torch (CLI help stays light)
@@ -136,6 +143,10 @@ class LearnedOptions:
             raise SymspecInputError(f"micro-batch must be at least 1 example, got {self.micro_batch}")
         if self.autocast not in (None, "bfloat16", "float16"):
             raise SymspecInputError(f"autocast: bfloat16 or float16, got {self.autocast!r}")
+        if self.average is not None and not 0 < self.average < 1:
+            raise SymspecInputError(f"average: the decay of the moving average is in (0, 1), got {self.average}")
+        if self.path_points < 1:
+            raise SymspecInputError(f"path points: at least 1 lambda per step, got {self.path_points}")
         if not (self.dirichlet > 0 and math.isfinite(self.dirichlet)):
             raise SymspecInputError(f"the Dirichlet concentration must be a positive number, got {self.dirichlet}")
         if self.eval_every < 1:
