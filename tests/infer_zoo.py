@@ -161,5 +161,13 @@ NEW: dict[str, tuple[Callable[..., tuple[torch.nn.Module, Any]], dict[str, str]]
     "swin_one_stage": (_swin(depths=(2,), num_heads=(2,)),
                        {"resid": "S(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)",
                         "attn2": "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)", "mlp": "S(f)", "mlp2": "S(n_mlp2)"}),
+    # two stages of Swin, of widths 8 and 16, joined by patch merging (2 x 2 neighbours'
+    # features as one axis of 4C, normed and reduced to 2C): a residual space per stage,
+    # heads and units per stage with dimensions of their own, the merging's norm and
+    # reduction bound as four copies of the first stage's residual
+    "swin": (_swin(depths=(1, 1), num_heads=(2, 4)),
+             {"resid": "S(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)",
+              "attn_2": "Heads(H2, qk=GL(dh2), ov=GL(dh2), perm=False)", "mlp": "S(f)", "hidden": "S(n_hidden)",
+              "mlp2": "S(n_mlp2)"}),
     "clip_text": (_clip_text, {"resid": "OC(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh))", "mlp": "S(f)"}),
 }

@@ -951,7 +951,7 @@ def test_a_rebuilt_draft_keeps_its_notes_and_says_why() -> None:
     assert any("carry the residual's sign" in n and "max rel err" in n for n in result.notes), result.notes
 
 
-@pytest.mark.parametrize("name", ["swin_one_stage", "clip_text", "deit_distilled"])
+@pytest.mark.parametrize("name", ["swin_one_stage", "swin", "clip_text", "deit_distilled"])
 def test_an_inferred_vision_or_pooled_spec_recovers_a_planted_copy(name: str) -> None:
     """Models with no folder to save (timm, a wrapper module): B = g.A planted with the
     inferred spec is found again by weight matching to float32 precision."""

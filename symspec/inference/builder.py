@@ -200,9 +200,18 @@ class _Builder(SpacePlans, Bindings):
             H, dh = self.ax.size[qh], self.ax.size[qw]
             K = att.kv or H
             gqa = K != H
+            # heads of other sizes (a later stage of Swin) are a family of their own, with
+            # dimensions of their own
+            v = 1
+            while (other := self.spaces.get(base if v == 1 else f"{base}_{v}")) is not None and \
+                    (other.size, other.dh_size, other.kv_size) != (H, dh, K):
+                v += 1
+            base, sfx = (base, "") if v == 1 else (f"{base}_{v}", str(v))
             sp = self.spaces.get(base)
             if sp is None:
-                sp = self.spaces[base] = Space(base, "heads", "Heads", "H", H, heads_dim="H", kv_dim="K" if gqa else None, dh_dim="dh")
+                sp = self.spaces[base] = Space(base, "heads", "Heads", "H" + sfx, H, heads_dim="H" + sfx,
+                                               kv_dim="K" + sfx if gqa else None, dh_dim="dh" + sfx)
+                sp.dh_size, sp.kv_size = dh, K
                 qk_tags = self.related_tags(qw) | self.related_tags(kw)
                 sp.qk, sp.rot, why_qk = self.qk_group(qw, kw, qk_tags)
                 sp.rope_layout = self.rope_layout
@@ -221,12 +230,12 @@ class _Builder(SpacePlans, Bindings):
                 if why_ov:
                     sp.evidence.append(f"OV maps limited to {sp.ov}: {', '.join(why_ov)}")
                 if sp.rot and sp.rot < dh:
-                    sp.rot_dim = "r"
-                    self.dims.setdefault("r", ("", sp.rot, "rotated dims of each head"))
-                self.dims.setdefault("H", ("", H, "attention heads"))
-                self.dims.setdefault("dh", ("", dh, "width of a head"))
+                    sp.rot_dim = "r" + sfx
+                    self.dims.setdefault("r" + sfx, ("", sp.rot, "rotated dims of each head"))
+                self.dims.setdefault("H" + sfx, ("", H, "attention heads"))
+                self.dims.setdefault("dh" + sfx, ("", dh, "width of a head"))
                 if gqa:
-                    self.dims.setdefault("K", ("", K, "key/value heads"))
+                    self.dims.setdefault("K" + sfx, ("", K, "key/value heads"))
             sp.instances.add(layer)
             self.head_of[qh] = (base, layer, False)
             if gqa and kh is not None:

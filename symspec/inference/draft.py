@@ -60,6 +60,9 @@ class Space:
     rot: int | None = None
     rot_dim: str | None = None
     rope_layout: str = "half"
+    #: a head group's head width and key/value heads, as read (a family has one size)
+    dh_size: int = 0
+    kv_size: int = 0
     #: False once the head permutation itself failed the check (a per-head table pins the heads)
     permute: bool = True
     #: (qk, ov, qk_chain, ov_chain) as first proposed: the shrinking starts again from

@@ -58,6 +58,12 @@ class Bindings:
                     if chains:
                         sp = self.spaces[base]
                         return axis_expr(chains, cat=True, heads=sp.kv_dim if kv and sp.kv_dim else sp.heads_dim)
+        rep = self.replicated(r)
+        if rep is not None:  # copies of one class side by side: its expression, once per copy
+            sub = self.describe(rep[0], dual, absval)
+            if sub is None or sub.cat:
+                return None
+            return axis_expr([list(sub.segments[0].terms) for _ in range(rep[1])], cat=True)
         tiles = self.ax.tiling(r)
         if tiles:
             chains = []

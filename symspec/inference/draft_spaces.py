@@ -3,6 +3,7 @@ mixin of the draft builder, :mod:`.builder`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .draft import Fold, Space, layer_of, template_of
@@ -66,7 +67,7 @@ class SpacePlans:
         # per-layer spaces form a family ``base[i]`` by the parameters they bind, as layer
         # templates: a space only one layer has (T5's relative position bias, in the first
         # layer of each stack) is a family of its own, not the next layer's first space
-        families: list[tuple[set[str], str, set[int]]] = []
+        families: list[tuple[set[str], str, set[int], int]] = []
         for r in order:
             axes = self._axes_of(r)
             if self.ax.size[r] <= 1 or not any(role in ("co", "contra") for _, _, roles in axes for role in roles):
@@ -74,6 +75,8 @@ class SpacePlans:
             tiles = self.ax.tiling(r)
             if tiles and all(self.ax.find(c) in order or self._structured(self.ax.find(c)) for _, _, c in tiles):
                 continue  # a fused axis (Phi-3's gate_up) is its pieces' spaces, concatenated
+            if self.replicated(r) is not None:
+                continue  # copies of one class side by side (Swin's patch merging): that class's space
             tags = self.related_tags(r)
             g, why = largest(tags)
             if r in unfoldable:
@@ -94,11 +97,13 @@ class SpacePlans:
             else:
                 stem = "mlp" if any(t.startswith(("nonlinear", "odd", "homogeneous", "product")) for t in tags) else "hidden"
                 templates = {template_of(p) for p, _, _ in axes}
+                # a family has one width: a layer of another width (a later stage of Swin)
+                # starts a family of its own, with its own dimension
                 found = next((fam for fam in families if fam[0] & templates and index not in fam[2]
-                              and fam[1].rstrip("0123456789") == stem), None)
+                              and fam[1].rstrip("0123456789") == stem and fam[3] == self.ax.size[r]), None)
                 if found is None:
                     k = len(families)
-                    found = ({*templates}, stem if k == 0 else f"{stem}{k + 1}", set())
+                    found = ({*templates}, stem if k == 0 else f"{stem}{k + 1}", set(), self.ax.size[r])
                     families.append(found)
                 found[0].update(templates)
                 found[2].add(index)
@@ -119,6 +124,27 @@ class SpacePlans:
             if base == "resid" and r in unfoldable and "layernorm" in tags:
                 self.spaces["sgn"] = Space("sgn", "sign", "Sign", "d", self.ax.size[r], {None}, shrink_chain("Sign"),
                                            ["LayerNorm(-y) = -LayerNorm(y): a global sign of the residual stream passes its norms"])
+
+    def replicated(self, r: int) -> tuple[int, int] | None:
+        """(the class, the copies) when ``r`` is copies of one class side by side: split
+        into (positions..., features) where no parameter has an axis of the positions'
+        classes (Swin's patch merging reads 2 x 2 neighbouring positions' features as one
+        axis of 4C). None otherwise."""
+        axes = self._param_classes()
+        for sizes, kids in self.ax.splits.get(r, {}).items():
+            lead = [self.ax.find(k) for k in kids[:-1]]
+            last = self.ax.find(kids[-1])
+            if len(kids) < 2 or any(k in axes or k in self.head_of for k in lead):
+                continue
+            if last in axes:
+                return last, math.prod(sizes[:-1])
+            inner = self.replicated(last)  # (2, (2, C)): split one factor at a time
+            if inner is not None:
+                return inner[0], inner[1] * math.prod(sizes[:-1])
+        return None
+
+    def _param_classes(self) -> set[int]:
+        return {self.ax.find(a) for atoms in self.f.param_atoms.values() for a in atoms}
 
     def _structured(self, r: int) -> bool:
         """A class described by an attention's heads (split into heads and head width), or
