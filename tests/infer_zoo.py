@@ -156,18 +156,18 @@ NEW: dict[str, tuple[Callable[..., tuple[torch.nn.Module, Any]], dict[str, str]]
               {"resid": "S(d)", "sgn": "Sign(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)", "mlp": "S(f)"}),
     # one stage of Swin: windows cut by reshapes, a feature map padded to whole windows
     # (F.pad) and shifted by torch.roll on the spatial dims only, so the residual stream
-    # keeps its permutations; a relative position bias table per head pins the heads in
-    # place (moving a head would need its column of the table moved with it)
+    # keeps its permutations; each block's relative position bias table has a column per
+    # head, bound as a part of the head group (pos=Id(1)) so that it moves with the heads
     "swin_one_stage": (_swin(depths=(2,), num_heads=(2,)),
-                       {"resid": "S(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)",
-                        "attn2": "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)", "mlp": "S(f)", "mlp2": "S(n_mlp2)"}),
+                       {"resid": "S(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh), pos=Id(1))",
+                        "attn2": "Heads(H, qk=GL(dh), ov=GL(dh), pos=Id(1))", "mlp": "S(f)", "mlp2": "S(n_mlp2)"}),
     # two stages of Swin, of widths 8 and 16, joined by patch merging (2 x 2 neighbours'
     # features as one axis of 4C, normed and reduced to 2C): a residual space per stage,
     # heads and units per stage with dimensions of their own, the merging's norm and
     # reduction bound as four copies of the first stage's residual
     "swin": (_swin(depths=(1, 1), num_heads=(2, 4)),
-             {"resid": "S(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh), perm=False)",
-              "attn_2": "Heads(H2, qk=GL(dh2), ov=GL(dh2), perm=False)", "mlp": "S(f)", "hidden": "S(n_hidden)",
+             {"resid": "S(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh), pos=Id(1))",
+              "attn_2": "Heads(H2, qk=GL(dh2), ov=GL(dh2), pos=Id(1))", "mlp": "S(f)", "hidden": "S(n_hidden)",
               "mlp2": "S(n_mlp2)"}),
     "clip_text": (_clip_text, {"resid": "OC(d)", "attn": "Heads(H, qk=GL(dh), ov=GL(dh))", "mlp": "S(f)"}),
 }

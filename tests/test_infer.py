@@ -971,3 +971,18 @@ def test_an_inferred_vision_or_pooled_spec_recovers_a_planted_copy(name: str) ->
         moved += float((res.canonical_b[k].double() - ref.double()).square().sum())
     assert den > 0 and moved / den > 1e-4, "the planted copy did not move"  # the negative: B differs from A
     assert (num / den) ** 0.5 <= 1e-5, (num / den) ** 0.5
+
+
+def test_swin_s_bias_tables_move_with_their_heads() -> None:
+    """Each Swin block's relative position bias table has a column per head: bound as a
+    part of the head group (pos=Id(1)) it moves with the head permutation and the check
+    passes; left in place (the negative case) moving a head fails the check."""
+    pytest.importorskip("timm")
+    model, inputs = NEW["swin_one_stage"][0]()
+    result = infer(model, inputs, samples=1)
+    assert result.verified, result.yaml
+    assert "relative_position_bias_table: [_, 'attn[i].pos']" in result.yaml, result.yaml
+    pinned = (result.yaml.replace("[_, 'attn[i].pos']", "invariant").replace("[_, 'attn2[i].pos']", "invariant")
+              .replace(", pos=Id(1))", ")"))
+    report = check(model, loads_spec(pinned, "pinned.yaml"), inputs, samples=2, dtypes=("float64",))
+    assert "attn[*]" in {r.space for r in report.failed_rows()}, report.render()

@@ -35,6 +35,8 @@ class _Builder(SpacePlans, Bindings):
         self.head_of: dict[int, tuple[str, int | None, bool]] = {}  # head class -> (base, index, kv view)
         #: the query heads of one key/value group (Falcon's grouped layout) -> the query-head class
         self.group_heads: dict[int, int] = {}
+        #: head class -> the attentions whose heads it is (T5's stack shares one bias table: all)
+        self.head_uses: dict[int, int] = {}
         self.within_of: dict[int, tuple[str, int | None, str, bool]] = {}  # within-head class -> (base, index, part, dual side)
         self.notes: list[str] = []
         self.unexplained: list[tuple[str, str]] = []
@@ -237,6 +239,7 @@ class _Builder(SpacePlans, Bindings):
                 if gqa:
                     self.dims.setdefault("K" + sfx, ("", K, "key/value heads"))
             sp.instances.add(layer)
+            self.head_uses[qh] = self.head_uses.get(qh, 0) + 1
             self.head_of[qh] = (base, layer, False)
             if gqa and kh is not None:
                 self.head_of[kh] = (base, layer, True)

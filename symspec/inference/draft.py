@@ -60,6 +60,9 @@ class Space:
     rot: int | None = None
     rot_dim: str | None = None
     rope_layout: str = "half"
+    #: a parameter holds one entry per head (Swin's relative position bias table): a part
+    #: ``pos=Id(1)`` moves it with the head permutation
+    table: bool = False
     #: a head group's head width and key/value heads, as read (a family has one size)
     dh_size: int = 0
     kv_size: int = 0
@@ -81,7 +84,8 @@ class Space:
                   + (", layout=interleaved" if rope and self.rope_layout == "interleaved" else "") + ")")
             kv = f", kv={self.kv_dim}" if self.kv_dim else ""
             fixed = "" if self.permute else ", perm=False"
-            return f"Heads({self.heads_dim}, qk={qk}, ov={self.ov}({self.dh_dim}){kv}{fixed})"
+            table = ", pos=Id(1)" if self.table and self.permute else ""
+            return f"Heads({self.heads_dim}, qk={qk}, ov={self.ov}({self.dh_dim}){table}{kv}{fixed})"
         if self.kind == "experts":
             return f"Experts({self.experts_dim}, {self.within}({self.dim}))"
         return f"{self.group}({self.dim})"

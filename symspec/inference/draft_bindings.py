@@ -23,6 +23,11 @@ class Bindings:
         if r in self.class_space:
             base, idx = self.class_space[r]
             return axis_expr([[term(base, idx, "", dual, absval)]])
+        if r in self.head_of and self.head_uses.get(r, 0) == 1:
+            # one entry per head (a relative position bias table): it moves with the heads
+            base, idx, kv = self.head_of[r]
+            self.spaces[base].table = True
+            return axis_expr([[term(base, idx, "pos" + (".kv" if kv else ""), dual)]])
         if r in self.router_of:
             base, idx = self.router_of[r]
             return axis_expr([[term(base, idx, "router", dual)]])
@@ -123,7 +128,8 @@ class Bindings:
             axes: list[AxisExpr] = []
             for axis, a in enumerate(atoms):
                 rs = roles.get(axis, set())
-                if self.tensors[pname].shape[axis] == 1 or not rs & {"co", "contra", "gain", "normbias"}:
+                per_head = self.head_uses.get(self.ax.find(a), 0) == 1  # a table added to the scores per head
+                if self.tensors[pname].shape[axis] == 1 or not (rs & {"co", "contra", "gain", "normbias"} or per_head):
                     axes.append(UNTOUCHED)
                     continue
                 dual = "contra" in rs and "co" not in rs
