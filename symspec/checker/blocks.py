@@ -109,6 +109,8 @@ class _Follow(TorchFunctionMode):
         super().__init__()
         self.depth = 0
         self.origin: dict[int, frozenset[int]] = {}
+        #: the same by tensor: (call, index of the tensor among that call's outputs)
+        self.parts: dict[int, frozenset[tuple[int, int]]] = {}
         self.keep: list[Any] = []  # holds what origin's ids refer to, so that no id is reused
         self.placeholders = placeholders
         self.read: set[str] = set()
@@ -119,10 +121,19 @@ class _Follow(TorchFunctionMode):
             out |= self.origin.get(id(t), frozenset())
         return out
 
-    def mark(self, x: Any, origin: frozenset[int]) -> None:
-        self.keep.append(x)
+    def parts_of(self, x: Any) -> frozenset[tuple[int, int]]:
+        out: frozenset[tuple[int, int]] = frozenset()
         for t in _tensors(x):
+            out |= self.parts.get(id(t), frozenset())
+        return out
+
+    def mark(self, x: Any, origin: frozenset[int], parts: frozenset[tuple[int, int]] | None = None) -> None:
+        """``x``'s tensors come from the calls ``origin`` (and their ``parts``; None: the
+        call ``origin`` names alone, each tensor its own part)."""
+        self.keep.append(x)
+        for j, t in enumerate(_tensors(x)):
             self.origin[id(t)] = origin
+            self.parts[id(t)] = parts if parts is not None else frozenset((n, j) for n in origin)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -132,7 +143,7 @@ class _Follow(TorchFunctionMode):
         if self.depth == 0:
             origin = self.of((args, kwargs))
             if origin:
-                self.mark(out, origin)
+                self.mark(out, origin, self.parts_of((args, kwargs)))
         return out
 
 
@@ -145,12 +156,28 @@ class Recording:
     needs: list[frozenset[int]]
     final: Any
     final_needs: frozenset[int]
+    #: per call, and for the model's output: the (call, output tensor) pairs read
+    part_needs: list[frozenset[tuple[int, int]]] = attrs.field(factory=list)
+    final_part_needs: frozenset[tuple[int, int]] = frozenset()
 
     def can_stop(self, first: int, last: int) -> bool:
         """Does only call ``last``'s output carry the range's result downstream?"""
         inner = set(range(first, last))
         later = [*self.needs[last + 1:], self.final_needs]
         return not any(n & inner for n in later)
+
+    def stops_at(self, first: int, last: int) -> bool:
+        """A pass over the calls ``first..last`` may stop after ``last``: only its output
+        carries the range's result downstream, and something downstream reads it."""
+        return self.can_stop(first, last) and bool(self.read_after(last))
+
+    def read_after(self, call: int) -> set[int]:
+        """The indices (in :func:`_tensors` order) of call ``call``'s output tensors that a
+        later call or the model's output reads: a decoder layer's position bias passed on
+        to the next layer is read, the last layer's is not (and under a head permutation
+        it moves, as the heads do)."""
+        later = [*self.part_needs[call + 1:], self.final_part_needs]
+        return {j for n in later for c, j in n if c == call}
 
 
 #: some rows (axis 0) of a tensor: a range, or the indices of a lookup
@@ -325,6 +352,7 @@ class Streamed:
         follow = lane.follow
         if follow is not None:
             need, follow.depth = follow.of((args, kwargs)), follow.depth + 1
+            part_need = follow.parts_of((args, kwargs))
         mine = [e for e in self.entries[k] if e.name not in self.glue]
         saved = [e.get() for e in mine]
         try:
@@ -343,6 +371,7 @@ class Streamed:
                 follow.depth -= 1
         if follow is not None:
             lane.needs.append(need)
+            lane.part_needs.append(part_need)
             lane.outputs.append(out)
             follow.mark(out, frozenset({n}))
         if lane.stops() and lane.span is not None and n == lane.span[1]:
@@ -427,7 +456,8 @@ class Streamed:
             if not read - self.glue:
                 break
             self.glue |= read
-        return [Recording(lane.calls, lane.outputs, lane.needs, lane.final, lane.follow.of(lane.final))  # type: ignore[union-attr]
+        return [Recording(lane.calls, lane.outputs, lane.needs, lane.final, lane.follow.of(lane.final),  # type: ignore[union-attr]
+                          lane.part_needs, lane.follow.parts_of(lane.final))  # type: ignore[union-attr]
                 for lane in lanes]
 
 
@@ -444,12 +474,13 @@ class Lane:
     calls: list[int] = attrs.field(factory=list)
     outputs: list[Any] = attrs.field(factory=list)
     needs: list[frozenset[int]] = attrs.field(factory=list)
+    part_needs: list[frozenset[tuple[int, int]]] = attrs.field(factory=list)
     out: Any = None
     final: Any = None
     error: BaseException | None = None
 
     def stops(self) -> bool:
-        return self.replay is not None and self.span is not None and self.replay.can_stop(*self.span)
+        return self.replay is not None and self.span is not None and self.replay.stops_at(*self.span)
 
 
 class _Baton:
