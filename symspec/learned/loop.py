@@ -179,11 +179,9 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
         with torch.no_grad():
             return mixture.mean_loss(data, mixture.mix(_models(mixture, _projected_all(params)), val_weights), val)
 
-    best_val = validate()
     # the start, projected: exactly in its groups (weight matching's orthogonal maps are
     # orthogonal to the working precision only)
-    best = _projected_all(params)
-    best_step, history, val_curve = 0, [best_val], [(0, best_val)]
+    best = _Best(validate(), _projected_all(params))
     train_curve: list[tuple[int, float]] = []
     info = _settings_info(opts, steps, train, val, held_out, latents)
     if not latents:  # every space frozen (a permutation-only problem with frozen permutations)
@@ -195,10 +193,8 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
     window: list[float] = []
     reached = _max_condition(params)
     average = _Average(latents, opts.average) if opts.average is not None and latents else None
-    avg_curve: list[tuple[int, float]] = []
-    best_from, va = "start", math.inf
     if progress is not None:
-        progress(MatchEvent("start", 0, steps, total=steps, objective=best_val))
+        progress(MatchEvent("start", 0, steps, total=steps, objective=best.val))
     with timer("learn"):
         for step in range(steps):
             assert opt is not None
@@ -216,32 +212,22 @@ def learn(mixture: Mixture, start: Mapping[int, Mapping[str, Element]], sample: 
                 train_curve.append((done, sum(window) / len(window)))
                 window = []
                 with timer("validate"):
-                    v = validate()
+                    best.validate(done, validate, params, latents, average)
                     reached = max(reached, _max_condition(params))
-                    if average is not None:
-                        with average.swapped(latents):
-                            va = validate()
-                            if va < min(v, best_val):
-                                best_val, best_step, best, best_from = va, done, _projected_all(params), "average"
-                        avg_curve.append((done, va))
-                val_curve.append((done, v))
-                history.append(min(v, va) if average is not None else v)
-                if v < best_val:
-                    best_val, best_step, best, best_from = v, done, _projected_all(params), "iterate"
             if progress is not None:  # the step's loss, and the last validation's
                 progress(MatchEvent("step", done, steps, space=f"{last:.4g}", done=done, total=steps,
-                                    objective=val_curve[-1][1]))
+                                    objective=best.curve[-1][1]))
     spaces = {i: _describe(ps) for i, ps in params.items()}
     if average is not None:
-        info.update({"average": opts.average, "val_loss_average": avg_curve, "best_from": best_from})
-    info.update({"best_step": best_step, "best_val_loss": best_val, "val_loss": val_curve, "train_loss": train_curve,
+        info.update({"average": opts.average, "val_loss_average": best.averaged, "best_from": best.source})
+    info.update({"best_step": best.step, "best_val_loss": best.val, "val_loss": best.curve, "train_loss": train_curve,
                  "spaces": spaces[next(iter(spaces))] if len(spaces) == 1 else {str(i): d for i, d in spaces.items()}})
     cond = _max_condition(params)  # the last step's
     info["max_condition"] = cond
     info["max_condition_reached"] = max(reached, cond)  # over every validation
     with timer("check"):
-        checks = _checked(mixture, best, (val or train)[0], opts.check_examples, cond)
-    return Learned(best, checks, history, info)
+        checks = _checked(mixture, best.elements, (val or train)[0], opts.check_examples, cond)
+    return Learned(best.elements, checks, best.history, info)
 
 
 def _models(mixture: Mixture, elements: Mapping[int, Mapping[str, Element]],
@@ -343,6 +329,34 @@ def _train_step(mixture: Mixture, params: Mapping[int, Mapping[str, Any]], data:
             last += value * share
     opt.step()
     return last
+
+
+class _Best:
+    """The best validated element so far (``source``: the start, the iterate or the
+    average of the latents), and the validation curves."""
+
+    def __init__(self, val: float, elements: dict[int, dict[str, Element]]) -> None:
+        self.val, self.elements, self.step, self.source = val, elements, 0, "start"
+        self.curve: list[tuple[int, float]] = [(0, val)]
+        self.averaged: list[tuple[int, float]] = []
+        self.history = [val]
+
+    def offer(self, v: float, step: int, params: Mapping[int, Mapping[str, Any]], source: str) -> None:
+        if v < self.val:
+            self.val, self.step, self.elements, self.source = v, step, _projected_all(params), source
+
+    def validate(self, step: int, validate: Any, params: Mapping[int, Mapping[str, Any]], latents: list[torch.Tensor],
+                 average: _Average | None) -> None:
+        """The validation at ``step``: the iterate, and the latents' average where kept."""
+        v = va = validate()
+        if average is not None:
+            with average.swapped(latents):
+                va = validate()
+                self.offer(va, step, params, "average") if va < v else None
+            self.averaged.append((step, va))
+        self.curve.append((step, v))
+        self.history.append(min(v, va))
+        self.offer(v, step, params, "iterate")
 
 
 class _Average:
