@@ -58,7 +58,8 @@ def summarize(info: dict[str, Any]) -> dict[str, Any]:
             "start_val_midpoint": info["val_midpoint_loss"][0][1],
             "resid_max_angle": max(angles) if angles else None,
             "ff_moved": (sum(moved) / len(moved)) if moved else 0.0,
-            "max_condition": info.get("max_condition"), "check_max_rel": info["check"]["max_rel"]}
+            "max_condition": info.get("max_condition"), "check_max_rel": info["check"]["max_rel"],
+            "best_from": info.get("best_from")}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
