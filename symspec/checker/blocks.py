@@ -179,6 +179,12 @@ class Recording:
         later = [*self.part_needs[call + 1:], self.final_part_needs]
         return {j for n in later for c, j in n if c == call}
 
+    def read_of(self, call: int, out: Any) -> list[torch.Tensor]:
+        """The tensors of ``out`` (call ``call``'s output, or another pass's in its place)
+        that downstream reads (:meth:`read_after`)."""
+        read = self.read_after(call)
+        return [t for j, t in enumerate(_tensors(out)) if j in read]
+
 
 #: some rows (axis 0) of a tensor: a range, or the indices of a lookup
 Rows = slice | torch.Tensor

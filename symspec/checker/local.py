@@ -26,7 +26,7 @@ from ..groups import Element
 from ..precision import KeepFloat64
 from ..problem import ParamBinding, Problem
 from ..transforms import transform_tensor
-from .blocks import Lane, Recording, Rows, Streamed, Values, _tensors, take_rows
+from .blocks import Lane, Recording, Rows, Streamed, Values, take_rows
 from .canonical import _value_steps
 from .forward import DTYPES, compare, flatten_outputs, select_outputs
 
@@ -246,7 +246,7 @@ class LocalModels:
             extra = {k: v for k, v in elements.items() if k not in common}
             todo.append(Lane(DTYPES[dt], self._values(names, extra, common), self.mode(dt), rec if span else None, span))
             stops = span is not None and rec.stops_at(*span)
-            refs.append((rec.outputs[span[1]], rec.read_after(span[1])) if stops and span else rec.final)
+            refs.append((rec, span[1]) if stops and span else rec.final)
             finals.append(not stops)  # the model's own outputs: only the spec's are compared
         running = [lane for lane in todo if lane is not None]
         got = iter(zip(self.streamed.run_lanes(self.inputs, running), refs, finals)) if running else iter(())
@@ -257,9 +257,8 @@ class LocalModels:
                     out[k] = compare(flatten_outputs(select_outputs(ref, self.outputs)),
                                      flatten_outputs(select_outputs(result, self.outputs)))
                 else:  # the range's last call: only what downstream reads of it
-                    ref, read = ref
-                    out[k] = compare([t for j, t in enumerate(_tensors(ref)) if j in read],
-                                     [t for j, t in enumerate(_tensors(result)) if j in read])
+                    rec, last = ref
+                    out[k] = compare(rec.read_of(last, rec.outputs[last]), rec.read_of(last, result))
         return out
 
     def _values(self, names: Sequence[str], extra: Mapping[str, Element], common: Mapping[str, Element]) -> Values:
