@@ -3,6 +3,7 @@ splits, selections, concatenations and stacks (a mixin of :class:`~.walk.Reader`
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch.fx as fx
@@ -253,24 +254,7 @@ class ShapeRules:
         if org is None or org[1] != "split" or org[2][1] != 0:
             return None
         parent, _, (sizes, _) = org
-        inner = tuple(sizes[1:])
-        width = 1
-        for z in inner:
-            width *= z
-        seg = self.ax.seg(parent, start * width, end * width)
-        old = self.ax.split(parent, sizes)[1:]
-        if end - start > 1:
-            new = self.ax.split(seg, (end - start, *inner))
-            outer, new = new[0], new[1:]
-        else:
-            outer = None
-            new = self.ax.split(seg, inner) if len(inner) > 1 else (seg,)
-        remap: dict[int, int] = {}
-        for o, m in zip(old, new):
-            self._mirror(o, m, remap)
-        out = [tuple(remap.get(self.ax.find(x), x) for x in d) for d in lay]
-        out[dim] = (outer,) if outer is not None else ()
-        return out
+        return self._piece(lay, dim, parent, start, end, self.ax.split(parent, sizes)[1:])
 
     def _middle_piece(self, lay: list[Layout], dim: int, start: int, end: int) -> list[Layout] | None:
         """Positions [start, end) of dim ``dim`` when that dim is the inner factor of the
@@ -300,16 +284,23 @@ class ShapeRules:
         if len(after) != len(inner) or any(len(d) != 1 or self.ax.find(d[0]) != self.ax.find(t)
                                            for d, t in zip(after, top_kids[1:])):
             return None
-        width = 1
-        for z in inner:
-            width *= z
         ns = mid_sizes[-1]
-        kids = self.ax.split(top, (*mid_sizes[:-1], ns * width))
+        kids = self.ax.split(top, (*mid_sizes[:-1], ns * math.prod(inner)))
         for a, b in zip(kids[:-1], self.ax.split(mid, mid_sizes)[:-1]):
             self.ax.unify(a, b)
         for a, b in zip(self.ax.split(kids[-1], (ns, *inner)), (s_atom, *top_kids[1:])):
             self.ax.unify(a, b)
-        seg = self.ax.seg(kids[-1], start * width, end * width)
+        return self._piece(lay, dim, kids[-1], start, end, top_kids[1:])
+
+    def _piece(self, lay: list[Layout], dim: int, holder: int, start: int, end: int,
+               old: tuple[int, ...]) -> list[Layout]:
+        """``lay`` with positions [start, end) of dim ``dim`` taken, where ``holder`` is
+        those positions times the inner factors ``old`` (row-major): the piece is a
+        segment of ``holder`` split into (end - start, inner...) with inner classes of its
+        own, mirrored from ``old`` wherever ``lay`` has them."""
+        inner = tuple(self.ax.size[self.ax.find(o)] for o in old)
+        width = math.prod(inner)
+        seg = self.ax.seg(holder, start * width, end * width)
         if end - start > 1:
             new = self.ax.split(seg, (end - start, *inner))
             outer, new = new[0], new[1:]
@@ -317,7 +308,7 @@ class ShapeRules:
             outer = None
             new = self.ax.split(seg, inner) if len(inner) > 1 else (seg,)
         remap: dict[int, int] = {}
-        for o, m in zip(top_kids[1:], new):
+        for o, m in zip(old, new):
             self._mirror(o, m, remap)
         out = [tuple(remap.get(self.ax.find(x), x) for x in d) for d in lay]
         out[dim] = (outer,) if outer is not None else ()
