@@ -254,8 +254,7 @@ class LocalModels:
             if lane is not None:
                 result, ref, final = next(got)
                 if final:
-                    out[k] = compare(flatten_outputs(select_outputs(ref, self.outputs)),
-                                     flatten_outputs(select_outputs(result, self.outputs)))
+                    out[k] = compare_outputs(ref, result, self.outputs)
                 else:  # the range's last call: only what downstream reads of it
                     rec, last = ref
                     out[k] = compare(rec.read_of(last, rec.outputs[last]), rec.read_of(last, result))
@@ -305,4 +304,9 @@ def stream_difference(model: torch.nn.Module, inputs: Any, before: Values, after
     streamed = Streamed(model, device)
     (rec,) = streamed.record([torch.float64], inputs, before, [KeepFloat64(rewrite=True)])
     got = streamed.run(torch.float64, inputs, after, KeepFloat64(rewrite=True))
-    return compare(flatten_outputs(select_outputs(rec.final, outputs)), flatten_outputs(select_outputs(got, outputs)))
+    return compare_outputs(rec.final, got, outputs)
+
+
+def compare_outputs(ref: Any, got: Any, outputs: Sequence[str]) -> tuple[float, float]:
+    """(max abs, max rel) difference of two model outputs, ``outputs`` of them (all where empty)."""
+    return compare(flatten_outputs(select_outputs(ref, outputs)), flatten_outputs(select_outputs(got, outputs)))

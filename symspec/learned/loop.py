@@ -352,7 +352,8 @@ class _Best:
         if average is not None:
             with average.swapped(latents):
                 va = validate()
-                self.offer(va, step, params, "average") if va < v else None
+                if va < v:  # projected while the latents hold the average
+                    self.offer(va, step, params, "average")
             self.averaged.append((step, va))
         self.curve.append((step, v))
         self.history.append(min(v, va))
