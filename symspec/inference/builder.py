@@ -4,6 +4,7 @@ ties, centring and dims in :mod:`.draft_bindings`."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -256,10 +257,7 @@ class _Builder(SpacePlans, Bindings):
             kids = memo.get(tuple(self.ax.size[a] for a in key))
             if kids is not None and tuple(self.ax.find(k) for k in kids) == key:
                 return self.ax.find(r)
-        n = 1
-        for a in key:
-            n *= self.ax.size[a]
-        whole = self.ax.fresh(n)
+        whole = self.ax.fresh(math.prod(self.ax.size[a] for a in key))
         for a, b in zip(self.ax.split(whole, [self.ax.size[a] for a in key]), key):
             self.ax.unify(b, a)  # the existing classes keep their roots
         return self.ax.find(whole)

@@ -53,7 +53,8 @@ class Bindings:
                         cw = self.ax.find(c)
                         got = self._group_piece(cw) if kv else None
                         if got is not None:  # a group's query heads: [g0: q q k v][g1: ...] (Falcon)
-                            chains.append([term(base, idx, got[0], dual != got[1])])
+                            _, (_, _, part, side) = got
+                            chains.append([term(base, idx, part, dual != side)])
                             continue
                         if cw not in self.within_of:
                             chains = []
@@ -81,31 +82,30 @@ class Bindings:
         return None
 
     def _grouped_heads(self, g: int, rest: int, dual: bool) -> AxisExpr | None:
-        """``(g, rest)`` with ``rest`` split into (head in the group, width) and ``g`` a key/
-        value group: the query heads of a grouped layout (Falcon's), group-major as
-        ``Heads(H, ..., kv=K)`` orders them."""
-        for kids in self.ax.splits.get(rest, {}).values():
-            if len(kids) != 2:
-                continue
-            inside, w = self.ax.find(kids[0]), self.ax.find(kids[1])
-            joined = self.group_heads.get(inside)
-            if joined is None or joined not in self.head_of or w not in self.within_of:
-                continue
-            whole = self.ax.splits.get(self.ax.find(joined), {}).get((self.ax.size[g], self.ax.size[inside]))
-            if whole is None or self.ax.find(whole[0]) != g:
-                continue
-            base, idx, _ = self.head_of[joined]
-            _, _, part, side = self.within_of[w]
-            return axis_expr([[term(base, idx, part, dual != side)]])
-        return None
+        """``(g, rest)`` with ``rest`` one key/value group's query heads (:meth:`_group_piece`)
+        and ``g`` that group: the query heads of a grouped layout (Falcon's), group-major
+        as ``Heads(H, ..., kv=K)`` orders them."""
+        got = self._group_piece(rest)
+        if got is None:
+            return None
+        joined, (_, _, part, side) = got
+        if joined not in self.head_of:
+            return None
+        whole = self.ax.splits.get(self.ax.find(joined), {}).get((self.ax.size[g], self.ax.size[joined] // self.ax.size[g]))
+        if whole is None or self.ax.find(whole[0]) != g:
+            return None
+        base, idx, _ = self.head_of[joined]
+        return axis_expr([[term(base, idx, part, dual != side)]])
 
-    def _group_piece(self, a: int) -> tuple[str, bool] | None:
-        """(part, side) when ``a`` holds one key/value group's query heads: split into (the
-        heads of the group, a head's width)."""
+    def _group_piece(self, a: int) -> tuple[int, tuple[str, int | None, str, bool]] | None:
+        """(the query-head class, the width's (base, index, part, side)) when ``a`` holds
+        one key/value group's query heads: split into (the heads of the group, a head's
+        width)."""
         for kids in self.ax.splits.get(a, {}).values():
-            if len(kids) == 2 and self.ax.find(kids[0]) in self.group_heads and self.ax.find(kids[1]) in self.within_of:
-                _, _, part, side = self.within_of[self.ax.find(kids[1])]
-                return part, side
+            if len(kids) == 2:
+                inside, w = self.ax.find(kids[0]), self.ax.find(kids[1])
+                if inside in self.group_heads and w in self.within_of:
+                    return self.group_heads[inside], self.within_of[w]
         return None
 
     def bindings(self, folded_gains: set[str], folded_biases: set[str], unfoldable: dict[int, str]) -> dict[str, Any]:
